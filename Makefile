@@ -1,0 +1,55 @@
+# Parley developer tasks. `make` alone lists them.
+#
+# The tests use a real PostgreSQL and Redis, set up by `make services`
+# (tools/ensure-services.sh: Debian packages, the packaged PostgreSQL cluster,
+# a redis-server on 127.0.0.1:6379). To use servers of your own instead, set
+# PARLEY_TEST_POSTGRES_URL / PARLEY_TEST_REDIS_URL (tests) or
+# PARLEY_POSTGRES_URL / PARLEY_REDIS_URL (parleyd); the script then leaves
+# that service alone.
+
+SHELL := /bin/bash
+GO ?= go
+# The official Go tarball installs to /usr/local/go/bin, often not on PATH.
+export PATH := $(PATH):/usr/local/go/bin
+
+PARLEY_TEST_POSTGRES_URL ?= postgres://parley:parley@127.0.0.1:5432/parley?sslmode=disable
+PARLEY_TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
+TEST_ENV = PARLEY_TEST_POSTGRES_URL='$(PARLEY_TEST_POSTGRES_URL)' PARLEY_TEST_REDIS_URL='$(PARLEY_TEST_REDIS_URL)'
+
+.DEFAULT_GOAL := help
+
+help: ## Show this help
+	@echo "Usage: make TARGET. Targets:"
+	@grep -hE '^[0-9a-zA-Z_-]+:.*?## .*$$' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-10s %s\n", $$1, $$2}'
+.PHONY: help
+
+services: ## Install (apt), start and set up PostgreSQL and Redis for parleyd and the tests
+	@bash tools/ensure-services.sh
+.PHONY: services
+
+run: services ## Run parleyd (config from PARLEY_* env vars; defaults use the local services)
+	$(GO) run ./cmd/parleyd
+.PHONY: run
+
+build: ## Build every package
+	$(GO) build ./...
+.PHONY: build
+
+test: services ## Vet, run all tests with -race against real PostgreSQL and Redis, then fuzz the wire decoder for 10 s
+	$(GO) vet ./...
+	$(TEST_ENV) $(GO) test -race -count=1 -timeout 9m ./...
+	$(GO) test ./wire -run '^$$' -fuzz FuzzDecodeRequest -fuzztime 10s
+.PHONY: test
+
+bench: services ## Run the benchmarks (wire, store, seq)
+	$(TEST_ENV) $(GO) test -run '^$$' -bench . -benchtime 1s ./wire/ ./store/ ./seq/
+.PHONY: bench
+
+fmt: ## Format the Go code (gofmt -s)
+	gofmt -s -w $$(find . -name '*.go' -not -path './.git/*')
+.PHONY: fmt
+
+clean: ## Remove build outputs and Go's test cache
+	rm -rf bin/
+	$(GO) clean -testcache
+.PHONY: clean

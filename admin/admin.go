@@ -1,0 +1,353 @@
+// Package admin is the admin HTTP API of PROTOCOL.md §7: JSON over HTTP on
+// its own listener, every request authorised by the admin bearer token.
+// Operators, tests and the load tester provision users, devices and
+// conversations through it; the bulk forms take thousands per call.
+package admin
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strings"
+
+	"github.com/parley-im/parley/cursor"
+	"github.com/parley-im/parley/eventlog"
+	"github.com/parley-im/parley/store"
+	"github.com/parley-im/parley/wire"
+)
+
+// MaxBulk is the most items one bulk call takes.
+const MaxBulk = 100000
+
+// ModeFunc names the fan-out tier of a conversation with n members.
+type ModeFunc func(n int64) string
+
+// API serves the admin endpoints.
+type API struct {
+	// Static after construction.
+	token   string
+	st      *store.Store
+	log     *eventlog.Log
+	cursors *cursor.Cursors
+	mode    ModeFunc
+	logger  *slog.Logger
+	mux     *http.ServeMux
+}
+
+// New returns the handler.
+func New(token string, st *store.Store, log *eventlog.Log, cursors *cursor.Cursors, mode ModeFunc, logger *slog.Logger) *API {
+	a := &API{token: token, st: st, log: log, cursors: cursors, mode: mode, logger: logger, mux: http.NewServeMux()}
+	a.mux.HandleFunc("POST /v1/users", a.createUser)
+	a.mux.HandleFunc("POST /v1/devices", a.createDevice)
+	a.mux.HandleFunc("POST /v1/devices/{id}/reinstall", a.reinstall)
+	a.mux.HandleFunc("POST /v1/conversations", a.createConversation)
+	a.mux.HandleFunc("POST /v1/conversations/{id}/members", a.addMembers)
+	a.mux.HandleFunc("DELETE /v1/conversations/{id}/members/{user}", a.removeMember)
+	a.mux.HandleFunc("GET /v1/conversations/{id}", a.getConversation)
+	a.mux.HandleFunc("POST /v1/bulk/users", a.bulkUsers)
+	a.mux.HandleFunc("POST /v1/bulk/devices", a.bulkDevices)
+	a.mux.HandleFunc("POST /v1/bulk/conversations", a.bulkConversations)
+	return a
+}
+
+// ServeHTTP checks the bearer token, then routes.
+func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(a.token)) != 1 {
+		writeError(w, http.StatusUnauthorized, wire.Unauthenticated, "missing or wrong admin token")
+		return
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, 64<<20)
+	a.mux.ServeHTTP(w, r)
+}
+
+type userReq struct {
+	ID string `json:"id"`
+}
+
+type deviceReq struct {
+	ID   string `json:"id"`
+	User string `json:"user"`
+}
+
+type deviceResp struct {
+	ID           string `json:"id"`
+	User         string `json:"user"`
+	Token        string `json:"token"`
+	InstallEpoch int64  `json:"install_epoch"`
+}
+
+type convReq struct {
+	ID      string   `json:"id,omitempty"`
+	Kind    string   `json:"kind"`
+	Members []string `json:"members"`
+	Title   string   `json:"title,omitempty"`
+}
+
+type convResp struct {
+	ID   string `json:"id"`
+	Head int64  `json:"head"`
+}
+
+func (a *API) createUser(w http.ResponseWriter, r *http.Request) {
+	var req userReq
+	if !decode(w, r, &req) {
+		return
+	}
+	if err := validID(req.ID); err != nil {
+		writeError(w, http.StatusBadRequest, wire.BadRequest, err.Error())
+		return
+	}
+	if err := a.st.CreateUsers(r.Context(), []string{req.ID}); err != nil {
+		a.fail(w, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, req)
+}
+
+func (a *API) bulkUsers(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		IDs []string `json:"ids"`
+	}
+	if !decode(w, r, &req) {
+		return
+	}
+	if len(req.IDs) == 0 || len(req.IDs) > MaxBulk {
+		writeError(w, http.StatusBadRequest, wire.BadRequest, "ids: 1 to 100000 ids")
+		return
+	}
+	for _, id := range req.IDs {
+		if err := validID(id); err != nil {
+			writeError(w, http.StatusBadRequest, wire.BadRequest, err.Error())
+			return
+		}
+	}
+	if err := a.st.CreateUsers(r.Context(), req.IDs); err != nil {
+		a.fail(w, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, map[string]int{"created": len(req.IDs)})
+}
+
+func (a *API) createDevice(w http.ResponseWriter, r *http.Request) {
+	var req deviceReq
+	if !decode(w, r, &req) {
+		return
+	}
+	out, ok := a.newDevices(w, r.Context(), []deviceReq{req})
+	if ok {
+		writeJSON(w, http.StatusCreated, out[0])
+	}
+}
+
+func (a *API) bulkDevices(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Devices []deviceReq `json:"devices"`
+	}
+	if !decode(w, r, &req) {
+		return
+	}
+	if len(req.Devices) == 0 || len(req.Devices) > MaxBulk {
+		writeError(w, http.StatusBadRequest, wire.BadRequest, "devices: 1 to 100000 devices")
+		return
+	}
+	out, ok := a.newDevices(w, r.Context(), req.Devices)
+	if ok {
+		writeJSON(w, http.StatusCreated, map[string]any{"devices": out})
+	}
+}
+
+// newDevices creates devices with fresh tokens; only the tokens' SHA-256
+// is stored, the tokens themselves are shown once, here.
+func (a *API) newDevices(w http.ResponseWriter, ctx context.Context, reqs []deviceReq) ([]deviceResp, bool) {
+	devs := make([]store.Device, len(reqs))
+	out := make([]deviceResp, len(reqs))
+	for i, d := range reqs {
+		if err := validID(d.ID); err != nil {
+			writeError(w, http.StatusBadRequest, wire.BadRequest, err.Error())
+			return nil, false
+		}
+		if d.User == "" {
+			writeError(w, http.StatusBadRequest, wire.BadRequest, "user is required")
+			return nil, false
+		}
+		var raw [24]byte
+		_, _ = rand.Read(raw[:])
+		token := hex.EncodeToString(raw[:])
+		sum := sha256.Sum256([]byte(token))
+		devs[i] = store.Device{ID: d.ID, User: d.User, TokenSHA256: sum[:]}
+		out[i] = deviceResp{ID: d.ID, User: d.User, Token: token}
+	}
+	if err := a.st.CreateDevices(ctx, devs); err != nil {
+		a.fail(w, err)
+		return nil, false
+	}
+	return out, true
+}
+
+func (a *API) reinstall(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	dev, err := a.st.DeviceByID(r.Context(), id)
+	if err != nil {
+		a.fail(w, err)
+		return
+	}
+	epoch, err := a.st.Reinstall(r.Context(), id)
+	if err != nil {
+		a.fail(w, err)
+		return
+	}
+	if err := a.cursors.Forget(r.Context(), dev.User, id); err != nil {
+		a.logger.Warn("forgetting hot cursors after reinstall", "device", id, "err", err)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"id": id, "install_epoch": epoch})
+}
+
+func (a *API) createConversation(w http.ResponseWriter, r *http.Request) {
+	var req convReq
+	if !decode(w, r, &req) {
+		return
+	}
+	resp, status, err := a.newConversation(r.Context(), req)
+	if err != nil {
+		a.failStatus(w, status, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, resp)
+}
+
+func (a *API) bulkConversations(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Conversations []convReq `json:"conversations"`
+	}
+	if !decode(w, r, &req) {
+		return
+	}
+	if len(req.Conversations) == 0 || len(req.Conversations) > MaxBulk {
+		writeError(w, http.StatusBadRequest, wire.BadRequest, "conversations: 1 to 100000 conversations")
+		return
+	}
+	out := make([]convResp, len(req.Conversations))
+	for i, c := range req.Conversations {
+		resp, status, err := a.newConversation(r.Context(), c)
+		if err != nil {
+			a.failStatus(w, status, err)
+			return
+		}
+		out[i] = resp
+	}
+	writeJSON(w, http.StatusCreated, map[string]any{"conversations": out})
+}
+
+func (a *API) newConversation(ctx context.Context, req convReq) (convResp, int, error) {
+	members := slices.Compact(slices.Sorted(slices.Values(req.Members)))
+	id := req.ID
+	switch req.Kind {
+	case "direct":
+		if len(members) != 2 {
+			return convResp{}, http.StatusBadRequest, errors.New("direct takes exactly two members")
+		}
+		id = eventlog.DirectID(members[0], members[1])
+	case "group":
+		if id == "" {
+			id = eventlog.NewGroupID()
+		} else if err := eventlog.ValidGroupID(id); err != nil {
+			return convResp{}, http.StatusBadRequest, err
+		}
+		if len(members) == 0 {
+			return convResp{}, http.StatusBadRequest, errors.New("members is required")
+		}
+	default:
+		return convResp{}, http.StatusBadRequest, errors.New("kind must be group or direct")
+	}
+	if err := a.log.Create(ctx, id, req.Kind, req.Title, "", members); err != nil {
+		return convResp{}, 0, err
+	}
+	return convResp{ID: id, Head: 1}, 0, nil
+}
+
+func (a *API) addMembers(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Users []string `json:"users"`
+	}
+	if !decode(w, r, &req) {
+		return
+	}
+	if len(req.Users) == 0 {
+		writeError(w, http.StatusBadRequest, wire.BadRequest, "users is required")
+		return
+	}
+	head, err := a.log.AddMembers(r.Context(), r.PathValue("id"), "", "", req.Users)
+	if err != nil {
+		a.fail(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]int64{"head": head})
+}
+
+func (a *API) removeMember(w http.ResponseWriter, r *http.Request) {
+	head, err := a.log.RemoveMember(r.Context(), r.PathValue("id"), "", "", r.PathValue("user"))
+	if err != nil {
+		a.fail(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]int64{"head": head})
+}
+
+func (a *API) getConversation(w http.ResponseWriter, r *http.Request) {
+	c, err := a.st.ConversationByID(r.Context(), r.PathValue("id"))
+	if err != nil {
+		a.fail(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"id": c.ID, "kind": c.Kind, "title": c.Title, "head": c.Head,
+		"members": c.Members, "mode": a.mode(c.Members)})
+}
+
+func (a *API) fail(w http.ResponseWriter, err error) { a.failStatus(w, 0, err) }
+
+func (a *API) failStatus(w http.ResponseWriter, status int, err error) {
+	switch {
+	case status == http.StatusBadRequest:
+		writeError(w, status, wire.BadRequest, err.Error())
+	case errors.Is(err, store.ErrExists):
+		writeError(w, http.StatusConflict, wire.Exists, "id exists")
+	case errors.Is(err, store.ErrNotFound), errors.Is(err, store.ErrUnknownUser), errors.Is(err, store.ErrNotMember):
+		writeError(w, http.StatusNotFound, wire.NotFound, err.Error())
+	default:
+		a.logger.Warn("admin request failed", "err", err)
+		writeError(w, http.StatusServiceUnavailable, wire.Unavailable, "a backend is unavailable; retry later")
+	}
+}
+
+func validID(id string) error {
+	if id == "" || len(id) > 128 || strings.ContainsAny(id, "{}|") {
+		return errors.New("id must be 1 to 128 bytes without { } |")
+	}
+	return nil
+}
+
+func decode(w http.ResponseWriter, r *http.Request, v any) bool {
+	if err := json.NewDecoder(r.Body).Decode(v); err != nil {
+		writeError(w, http.StatusBadRequest, wire.BadRequest, "malformed JSON body: "+err.Error())
+		return false
+	}
+	return true
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, status int, code wire.Code, msg string) {
+	writeJSON(w, status, map[string]string{"code": string(code), "msg": msg})
+}

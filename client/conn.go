@@ -1,0 +1,250 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/parley-im/parley/wire"
+)
+
+// ErrClosed is returned for requests on a closed connection.
+var ErrClosed = errors.New("client: connection closed")
+
+// Conn is one authenticated connection: requests with rid and a timeout,
+// and every server-initiated frame (push, hint, read_changed, kick) handed
+// to a callback. It does not reconnect; Client does.
+type Conn struct {
+	// Static after Dial.
+	nc       net.Conn
+	onServer func(wire.Message)
+	Auth     wire.Message // the auth_ok reply
+
+	wmu sync.Mutex // serializes writes
+	buf []byte
+
+	mu      sync.Mutex
+	pending map[string]chan wire.Message
+	err     error // why the connection ended
+
+	nextRid atomic.Uint64
+	done    chan struct{}
+}
+
+// DialOptions tune Dial.
+type DialOptions struct {
+	// OnServerFrame receives push, hint, read_changed and kick frames, in
+	// arrival order, on the connection's reader goroutine: it must not block
+	// for long.
+	OnServerFrame func(wire.Message)
+	// Dialer, if set, dials the TCP connection (e.g. from another 127.0.0.x).
+	Dialer *net.Dialer
+	// MaxFrame is the largest frame accepted from the server (default 16 MiB).
+	MaxFrame int
+}
+
+// Dial connects to addr and authenticates as device with token.
+func Dial(ctx context.Context, addr, device, token string, opt DialOptions) (*Conn, error) {
+	d := opt.Dialer
+	if d == nil {
+		d = &net.Dialer{}
+	}
+	nc, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	c := NewConn(nc, opt)
+	auth, err := c.Do(ctx, wire.Request{T: wire.TAuth, Device: device, Token: token})
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	c.Auth = auth
+	return c, nil
+}
+
+// NewConn wraps an established connection without authenticating (tests
+// use it to send anything at all).
+func NewConn(nc net.Conn, opt DialOptions) *Conn {
+	if opt.MaxFrame <= 0 {
+		opt.MaxFrame = 16 << 20
+	}
+	c := &Conn{nc: nc, onServer: opt.OnServerFrame, pending: map[string]chan wire.Message{}, done: make(chan struct{})}
+	go c.readLoop(opt.MaxFrame)
+	return c
+}
+
+// Done is closed when the connection ends.
+func (c *Conn) Done() <-chan struct{} { return c.done }
+
+// Err says why the connection ended (after Done).
+func (c *Conn) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+// Close closes the connection.
+func (c *Conn) Close() error {
+	err := c.nc.Close()
+	<-c.done
+	return err
+}
+
+// Do sends req with a fresh rid and waits for its reply. An error frame
+// comes back as *wire.Error.
+func (c *Conn) Do(ctx context.Context, req wire.Request) (wire.Message, error) {
+	req.Rid = strconv.FormatUint(c.nextRid.Add(1), 36)
+	ch := make(chan wire.Message, 1)
+	c.mu.Lock()
+	if c.err != nil {
+		c.mu.Unlock()
+		return wire.Message{}, ErrClosed
+	}
+	c.pending[req.Rid] = ch
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		delete(c.pending, req.Rid)
+		c.mu.Unlock()
+	}()
+	if err := c.Write(req); err != nil {
+		return wire.Message{}, err
+	}
+	select {
+	case m := <-ch:
+		if m.T == wire.TError {
+			return m, m.Err()
+		}
+		return m, nil
+	case <-c.done:
+		return wire.Message{}, fmt.Errorf("%w: %v", ErrClosed, c.Err())
+	case <-ctx.Done():
+		return wire.Message{}, ctx.Err()
+	}
+}
+
+// Write sends one frame without waiting for anything.
+func (c *Conn) Write(v any) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	var err error
+	if c.buf, err = wire.AppendFrame(c.buf[:0], v); err != nil {
+		return err
+	}
+	return c.WriteRaw(c.buf)
+}
+
+// WriteRaw sends bytes as they are (tests send garbage with it).
+func (c *Conn) WriteRaw(b []byte) error {
+	_ = c.nc.SetWriteDeadline(time.Now().Add(10 * time.Second))
+	_, err := c.nc.Write(b)
+	return err
+}
+
+func (c *Conn) readLoop(max int) {
+	fr := wire.NewFrameReader(c.nc, max)
+	var err error
+	for {
+		var body []byte
+		if body, err = fr.Next(); err != nil {
+			break
+		}
+		m, derr := wire.DecodeMessage(body)
+		if derr != nil {
+			err = derr
+			break
+		}
+		if m.Rid != "" {
+			c.mu.Lock()
+			ch := c.pending[m.Rid]
+			c.mu.Unlock()
+			if ch != nil {
+				ch <- m
+				continue
+			}
+		}
+		if c.onServer != nil {
+			c.onServer(m)
+		}
+	}
+	c.mu.Lock()
+	c.err = err
+	c.mu.Unlock()
+	c.nc.Close()
+	close(c.done)
+}
+
+// Ping round-trips a ping.
+func (c *Conn) Ping(ctx context.Context) error {
+	_, err := c.Do(ctx, wire.Request{T: wire.TPing})
+	return err
+}
+
+// Send sends a message; the reply is send_ok (Seq, Ts, Dup).
+func (c *Conn) Send(ctx context.Context, conv, cmid string, body []byte) (wire.Message, error) {
+	return c.Do(ctx, wire.Request{T: wire.TSend, Conv: conv, Cmid: cmid, Body: body})
+}
+
+// Sync reads a page of events after `after` (limit 0: server default).
+func (c *Conn) Sync(ctx context.Context, conv string, after int64, limit int) (wire.Message, error) {
+	req := wire.Request{T: wire.TSync, Conv: conv, After: after, Limit: int64(limit)}
+	if limit > 0 {
+		req.Has |= wire.FLimit
+	}
+	return c.Do(ctx, req)
+}
+
+// Ack reports that this device holds every event of conv up to seq.
+func (c *Conn) Ack(ctx context.Context, conv string, seq int64) (wire.Message, error) {
+	return c.Do(ctx, wire.Request{T: wire.TAck, Conv: conv, Seq: seq})
+}
+
+// Read reports that the user has read conv up to seq.
+func (c *Conn) Read(ctx context.Context, conv string, seq int64) (wire.Message, error) {
+	return c.Do(ctx, wire.Request{T: wire.TRead, Conv: conv, Seq: seq})
+}
+
+// Recall recalls the message at seq.
+func (c *Conn) Recall(ctx context.Context, conv string, seq int64) (wire.Message, error) {
+	return c.Do(ctx, wire.Request{T: wire.TRecall, Conv: conv, Seq: seq})
+}
+
+// CreateGroup creates a group (id "" lets the server choose).
+func (c *Conn) CreateGroup(ctx context.Context, id, title string, members ...string) (wire.Message, error) {
+	return c.Do(ctx, wire.Request{T: wire.TConvCreate, Kind: "group", Conv: id, Title: title, Members: members})
+}
+
+// CreateDirect opens (or returns) the direct conversation with other.
+func (c *Conn) CreateDirect(ctx context.Context, other string) (wire.Message, error) {
+	return c.Do(ctx, wire.Request{T: wire.TConvCreate, Kind: "direct", Members: []string{other}})
+}
+
+// AddMembers adds users to conv.
+func (c *Conn) AddMembers(ctx context.Context, conv string, users ...string) (wire.Message, error) {
+	return c.Do(ctx, wire.Request{T: wire.TMembersAdd, Conv: conv, Users: users})
+}
+
+// Leave leaves conv.
+func (c *Conn) Leave(ctx context.Context, conv string) (wire.Message, error) {
+	return c.Do(ctx, wire.Request{T: wire.TLeave, Conv: conv})
+}
+
+// Convs lists a page of the user's conversations.
+func (c *Conn) Convs(ctx context.Context, limit int, cursor string) (wire.Message, error) {
+	req := wire.Request{T: wire.TConvs, Limit: int64(limit), Cursor: cursor}
+	if limit > 0 {
+		req.Has |= wire.FLimit
+	}
+	return c.Do(ctx, req)
+}
+
+// Snapshot pulls many conversations in one round trip.
+func (c *Conn) Snapshot(ctx context.Context, convs []wire.ConvAfter) (wire.Message, error) {
+	return c.Do(ctx, wire.Request{T: wire.TSnapshot, Convs: convs})
+}

@@ -1,0 +1,73 @@
+// Command parleyd is the Parley server: a gnet gateway, the fan-out
+// workers, the admin API and the metrics listener in one process.
+//
+//	parleyd [-config FILE] [-print-config]
+//
+// Every config key can be overridden by PARLEY_<KEY> (docs/config.md).
+// SIGINT or SIGTERM shuts down gracefully; a second one forces exit.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/parley-im/parley/config"
+	"github.com/parley-im/parley/server"
+)
+
+func main() {
+	path := flag.String("config", "", "config file (YAML)")
+	printCfg := flag.Bool("print-config", false, "print every config key with its default and exit")
+	flag.Parse()
+	if *printCfg {
+		for _, kv := range config.Keys() {
+			fmt.Printf("%s: %q\n", kv[0], kv[1])
+		}
+		return
+	}
+	cfg, err := config.Load(*path, os.Environ())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "parleyd:", err)
+		os.Exit(2)
+	}
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(cfg.LogLevel))
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	srv, err := server.New(ctx, cfg, log)
+	if err == nil {
+		err = srv.Start(ctx)
+	}
+	cancel()
+	if err != nil {
+		log.Error("start", "err", err)
+		os.Exit(1)
+	}
+	eff := srv.Config()
+	log.Info("parleyd ready", "gateway", eff.Listen, "admin", "http://"+srv.AdminAddr(), "metrics", srv.MetricsAddr(), "gateway_id", eff.GatewayID)
+	if cfg.AdminToken == "" {
+		log.Info("generated admin token (set admin_token or PARLEY_ADMIN_TOKEN to choose one)", "admin_token", eff.AdminToken)
+	}
+
+	sig := make(chan os.Signal, 2)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	<-sig
+	log.Info("shutting down (send the signal again to force)")
+	go func() {
+		<-sig
+		log.Warn("forced exit")
+		os.Exit(1)
+	}()
+	sctx, scancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer scancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		log.Warn("shutdown", "err", err)
+	}
+}

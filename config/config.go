@@ -1,0 +1,221 @@
+// Package config holds parleyd's configuration: one Config struct whose
+// fields document their defaults, loaded from a YAML file and overridden by
+// PARLEY_<KEY> environment variables (PARLEY_LISTEN=127.0.0.1:7070).
+//
+// docs/config.md is the operator reference; a test checks that it lists
+// every key of Config with its default.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"reflect"
+	"strconv"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Config is everything an operator can set. The yaml tag is the key in the
+// config file; the environment variable is PARLEY_ plus the key in upper case.
+// The `default` tag is the value used when neither sets it.
+type Config struct {
+	// Listen is the gateway's TCP address (clients connect here).
+	Listen string `yaml:"listen" default:"127.0.0.1:7070"`
+	// AdminListen is the admin HTTP API's address.
+	AdminListen string `yaml:"admin_listen" default:"127.0.0.1:8081"`
+	// AdminToken is the bearer token of the admin API. Empty: parleyd
+	// generates one at start-up and logs it.
+	AdminToken string `yaml:"admin_token" default:""`
+	// MetricsListen serves /metrics, /healthz, /readyz and pprof. Empty
+	// disables it.
+	MetricsListen string `yaml:"metrics_listen" default:"127.0.0.1:9090"`
+
+	// PostgresURL is the authoritative store.
+	PostgresURL string `yaml:"postgres_url" default:"postgres://parley:parley@127.0.0.1:5432/parley?sslmode=disable"`
+	// PostgresMaxConns caps the pgx pool.
+	PostgresMaxConns int `yaml:"postgres_max_conns" default:"32"`
+	// Migrate applies pending schema migrations at start-up.
+	Migrate bool `yaml:"migrate" default:"true"`
+	// RedisURL is the hot-state Redis (ignored when RedisCluster is set).
+	RedisURL string `yaml:"redis_url" default:"redis://127.0.0.1:6379/0"`
+	// RedisCluster is a comma-separated list of host:port seeds of a Redis
+	// Cluster, used instead of RedisURL when set.
+	RedisCluster string `yaml:"redis_cluster" default:""`
+	// RedisPrefix is put in front of every Redis key, so several Parley
+	// deployments (or test runs) can share one Redis. It must not contain
+	// '{' or '}'.
+	RedisPrefix string `yaml:"redis_prefix" default:"p:"`
+
+	// GatewayID names this gateway in the routing table. Empty: hostname
+	// plus listen port.
+	GatewayID string `yaml:"gateway_id" default:""`
+	// GatewayLease is how long a gateway's routing entries stay usable
+	// after it stops renewing its lease (it renews every lease/3).
+	GatewayLease time.Duration `yaml:"gateway_lease" default:"10s"`
+	// Multicore runs one gnet event loop per CPU.
+	Multicore bool `yaml:"multicore" default:"true"`
+
+	// MaxFrame is the largest frame a client may send, in bytes.
+	MaxFrame int `yaml:"max_frame" default:"65536"`
+	// MaxBody is the largest message body, in bytes.
+	MaxBody int `yaml:"max_body" default:"16384"`
+	// MaxOutbound is how many bytes may wait for one slow device before it
+	// gets a hint instead of pushes (at twice this it is disconnected).
+	MaxOutbound int `yaml:"max_outbound" default:"1048576"`
+	// AuthTimeout is how long a new connection has to send auth.
+	AuthTimeout time.Duration `yaml:"auth_timeout" default:"10s"`
+	// IdleTimeout closes a connection that sent nothing for this long.
+	IdleTimeout time.Duration `yaml:"idle_timeout" default:"90s"`
+	// RequestTimeout bounds the work of one request against the stores.
+	RequestTimeout time.Duration `yaml:"request_timeout" default:"10s"`
+
+	// WriteFanoutMax: groups with fewer members use write fan-out ("push").
+	WriteFanoutMax int `yaml:"write_fanout_max" default:"200"`
+	// OnlineFanoutMax: groups up to this size use online-only fan-out
+	// ("online"); larger ones use read fan-out ("pull").
+	OnlineFanoutMax int `yaml:"online_fanout_max" default:"2000"`
+	// SnapshotFullMax: a snapshot item with a gap up to this returns every
+	// event after `after`.
+	SnapshotFullMax int `yaml:"snapshot_full_max" default:"200"`
+	// SnapshotTail: otherwise it returns only the newest this many.
+	SnapshotTail int `yaml:"snapshot_tail" default:"50"`
+	// RecallWindow is how long after sending a message its sender may
+	// recall it.
+	RecallWindow time.Duration `yaml:"recall_window" default:"120s"`
+
+	// HoleTimeout: a seq that was allocated but is still not committed this
+	// long after a later seq committed is declared a hole (a tombstone row
+	// is written) so syncing clients move past it. See docs/consistency.md.
+	HoleTimeout time.Duration `yaml:"hole_timeout" default:"3s"`
+	// CommitBatch is the most sends (or acks) one PostgreSQL transaction
+	// commits together.
+	CommitBatch int `yaml:"commit_batch" default:"256"`
+	// CommitWorkers is how many group-commit transactions may be in flight.
+	CommitWorkers int `yaml:"commit_workers" default:"4"`
+	// SendRate is the per-device sustained send rate (messages/s); 0
+	// disables the limit.
+	SendRate int `yaml:"send_rate" default:"100"`
+	// SendBurst is the per-device send burst.
+	SendBurst int `yaml:"send_burst" default:"200"`
+
+	// LogLevel is debug, info, warn or error.
+	LogLevel string `yaml:"log_level" default:"info"`
+}
+
+// Default returns the configuration with every default applied.
+func Default() Config {
+	var c Config
+	v := reflect.ValueOf(&c).Elem()
+	for i := 0; i < v.NumField(); i++ {
+		f := v.Type().Field(i)
+		if err := setField(v.Field(i), f.Tag.Get("default")); err != nil {
+			panic(fmt.Sprintf("config: bad default for %s: %v", f.Name, err))
+		}
+	}
+	return c
+}
+
+// Load reads the defaults, then the YAML file at path (if path is not
+// empty), then the PARLEY_* variables from environ (os.Environ() form).
+func Load(path string, environ []string) (Config, error) {
+	c := Default()
+	if path != "" {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return c, err
+		}
+		dec := yaml.NewDecoder(strings.NewReader(string(b)))
+		dec.KnownFields(true)
+		if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
+			return c, fmt.Errorf("config %s: %w", path, err)
+		}
+	}
+	env := map[string]string{}
+	for _, kv := range environ {
+		if k, val, ok := strings.Cut(kv, "="); ok && strings.HasPrefix(k, "PARLEY_") {
+			env[k] = val
+		}
+	}
+	v := reflect.ValueOf(&c).Elem()
+	for i := 0; i < v.NumField(); i++ {
+		key := v.Type().Field(i).Tag.Get("yaml")
+		if val, ok := env["PARLEY_"+strings.ToUpper(key)]; ok {
+			if err := setField(v.Field(i), val); err != nil {
+				return c, fmt.Errorf("PARLEY_%s: %w", strings.ToUpper(key), err)
+			}
+		}
+	}
+	return c, c.Validate()
+}
+
+// Validate checks the values that would make parleyd misbehave.
+func (c Config) Validate() error {
+	var errs []error
+	if c.MaxFrame < 64 {
+		errs = append(errs, errors.New("max_frame must be at least 64"))
+	}
+	if c.MaxBody <= 0 || c.MaxBody > c.MaxFrame {
+		errs = append(errs, errors.New("max_body must be positive and at most max_frame"))
+	}
+	if c.WriteFanoutMax < 0 || c.OnlineFanoutMax < c.WriteFanoutMax {
+		errs = append(errs, errors.New("need 0 <= write_fanout_max <= online_fanout_max"))
+	}
+	if strings.ContainsAny(c.RedisPrefix, "{}") {
+		errs = append(errs, errors.New("redis_prefix must not contain { or }"))
+	}
+	if c.GatewayLease < time.Second {
+		errs = append(errs, errors.New("gateway_lease must be at least 1s"))
+	}
+	if c.CommitBatch < 1 || c.CommitWorkers < 1 {
+		errs = append(errs, errors.New("commit_batch and commit_workers must be positive"))
+	}
+	if c.SnapshotTail < 1 || c.SnapshotFullMax < c.SnapshotTail {
+		errs = append(errs, errors.New("need 1 <= snapshot_tail <= snapshot_full_max"))
+	}
+	return errors.Join(errs...)
+}
+
+// Keys lists every key with its default, in declaration order (used by the
+// docs check and `parleyd -print-config`).
+func Keys() [][2]string {
+	t := reflect.TypeOf(Config{})
+	out := make([][2]string, 0, t.NumField())
+	for i := 0; i < t.NumField(); i++ {
+		out = append(out, [2]string{t.Field(i).Tag.Get("yaml"), t.Field(i).Tag.Get("default")})
+	}
+	return out
+}
+
+func setField(f reflect.Value, s string) error {
+	switch f.Kind() {
+	case reflect.String:
+		f.SetString(s)
+	case reflect.Bool:
+		b, err := strconv.ParseBool(s)
+		if err != nil {
+			return err
+		}
+		f.SetBool(b)
+	case reflect.Int, reflect.Int64:
+		if f.Type() == reflect.TypeOf(time.Duration(0)) {
+			d, err := time.ParseDuration(s)
+			if err != nil {
+				return err
+			}
+			f.SetInt(int64(d))
+			return nil
+		}
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return err
+		}
+		f.SetInt(n)
+	default:
+		return fmt.Errorf("unsupported kind %s", f.Kind())
+	}
+	return nil
+}

@@ -1,0 +1,323 @@
+// Package conn is Parley's gateway: gnet v2 event loops holding the
+// clients' long-lived TCP connections. The event loop only frames and
+// decodes (it never blocks on a store); each connection's requests run in
+// order on a goroutine that exists only while the connection has work;
+// replies and pushes reach the loop through a per-connection outbox that
+// coalesces frames into one AsyncWrite and is bounded, so a slow device
+// gets a hint instead of pushes, and is disconnected if it stops reading
+// altogether.
+package conn
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/panjf2000/gnet/v2"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/parley-im/parley/config"
+	"github.com/parley-im/parley/cursor"
+	"github.com/parley-im/parley/eventlog"
+	"github.com/parley-im/parley/fanout"
+	"github.com/parley-im/parley/route"
+	"github.com/parley-im/parley/store"
+	"github.com/parley-im/parley/wire"
+)
+
+// Deps are the stores and services the gateway uses.
+type Deps struct {
+	Store   *store.Store
+	Log     *eventlog.Log
+	Cursors *cursor.Cursors
+	Routes  *route.Table
+	Bus     *fanout.Bus
+}
+
+// Gateway is the gnet event handler and the registry of its sessions.
+type Gateway struct {
+	gnet.BuiltinEventEngine
+
+	// Static after construction.
+	cfg     config.Config
+	deps    Deps
+	log     *slog.Logger
+	metrics *metrics
+	booted  chan struct{}
+	eng     gnet.Engine // set before booted is closed
+
+	mu       sync.RWMutex
+	sessions map[*Session]struct{} // every open connection
+	devices  map[string]*Session   // device -> its authenticated connection
+
+	wg       sync.WaitGroup // request goroutines
+	stopOnce sync.Once
+	stopping chan struct{}
+}
+
+// New returns a gateway; Run serves it.
+func New(cfg config.Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) *Gateway {
+	return &Gateway{
+		cfg: cfg, deps: deps, log: log, metrics: newMetrics(reg),
+		booted: make(chan struct{}), stopping: make(chan struct{}),
+		sessions: map[*Session]struct{}{}, devices: map[string]*Session{},
+	}
+}
+
+// Run listens on cfg.Listen and serves until Shutdown. It blocks.
+func (g *Gateway) Run() error {
+	return gnet.Run(g, "tcp://"+g.cfg.Listen,
+		gnet.WithMulticore(g.cfg.Multicore),
+		gnet.WithTicker(true),
+		gnet.WithReusePort(false),
+		gnet.WithTCPNoDelay(gnet.TCPNoDelay),
+		gnet.WithTCPKeepAlive(time.Minute),
+		gnet.WithReadBufferCap(4096),
+		gnet.WithWriteBufferCap(4096),
+		gnet.WithLogger(gnetLogger{g.log}),
+	)
+}
+
+// Booted is closed once the gateway accepts connections.
+func (g *Gateway) Booted() <-chan struct{} { return g.booted }
+
+// OnBoot publishes the engine.
+func (g *Gateway) OnBoot(eng gnet.Engine) gnet.Action {
+	g.eng = eng
+	close(g.booted)
+	return gnet.None
+}
+
+// Shutdown kicks every client ("shutdown"), stops the engine and waits for
+// running requests (bounded by ctx). Safe to call twice.
+func (g *Gateway) Shutdown(ctx context.Context) error {
+	var err error
+	g.stopOnce.Do(func() {
+		close(g.stopping)
+		select {
+		case <-g.booted:
+		default:
+			return
+		}
+		g.mu.RLock()
+		for s := range g.sessions {
+			s.kickOut("shutdown")
+		}
+		g.mu.RUnlock()
+		// Give the kicks a moment to reach the clients.
+		deadline := time.Now().Add(500 * time.Millisecond)
+		for time.Now().Before(deadline) && g.eng.CountConnections() > 0 {
+			time.Sleep(20 * time.Millisecond)
+		}
+		err = g.eng.Stop(ctx)
+		done := make(chan struct{})
+		go func() { g.wg.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			err = errors.Join(err, ctx.Err())
+		}
+	})
+	return err
+}
+
+// goroutine runs f on a tracked goroutine (Shutdown waits for them).
+func (g *Gateway) goroutine(f func()) {
+	g.wg.Add(1)
+	go func() {
+		defer g.wg.Done()
+		f()
+	}()
+}
+
+// OnOpen registers the session.
+func (g *Gateway) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
+	select {
+	case <-g.stopping:
+		return nil, gnet.Close
+	default:
+	}
+	s := newSession(g, c)
+	c.SetContext(s)
+	g.mu.Lock()
+	g.sessions[s] = struct{}{}
+	g.mu.Unlock()
+	g.metrics.connections.Inc()
+	return nil, gnet.None
+}
+
+// OnClose unregisters the session and its route.
+func (g *Gateway) OnClose(c gnet.Conn, _ error) gnet.Action {
+	s, ok := c.Context().(*Session)
+	if !ok {
+		return gnet.None
+	}
+	s.closed.Store(true)
+	g.mu.Lock()
+	delete(g.sessions, s)
+	if s.authed.Load() && g.devices[s.device] == s {
+		delete(g.devices, s.device)
+	}
+	g.mu.Unlock()
+	g.metrics.connections.Dec()
+	if s.authed.Load() {
+		g.goroutine(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			if err := g.deps.Routes.Unregister(ctx, s.user, s.device, s.token); err != nil {
+				g.log.Debug("unregistering route", "device", s.device, "err", err)
+			}
+		})
+	}
+	return gnet.None
+}
+
+// OnTraffic frames and decodes every complete frame in the buffer.
+func (g *Gateway) OnTraffic(c gnet.Conn) gnet.Action {
+	s := c.Context().(*Session)
+	s.lastSeen.Store(time.Now().UnixNano())
+	for {
+		n := c.InboundBuffered()
+		if n < wire.HeaderLen {
+			return gnet.None
+		}
+		buf, err := c.Peek(n)
+		if err != nil {
+			return gnet.None
+		}
+		body, consumed, ferr := wire.NextFrame(buf, g.cfg.MaxFrame)
+		if ferr != nil {
+			// The framing is broken: say why and close.
+			we, _ := wire.AsError(ferr)
+			g.metrics.framesIn.WithLabelValues("invalid").Inc()
+			s.fail("", we)
+			_, _ = c.Discard(n)
+			return gnet.None
+		}
+		if body == nil {
+			return gnet.None
+		}
+		req, derr := wire.DecodeRequest(body) // copies what it keeps
+		_, _ = c.Discard(consumed)
+		if derr != nil {
+			we, _ := wire.AsError(derr)
+			g.metrics.framesIn.WithLabelValues("invalid").Inc()
+			if !s.gotFirst && req.T != "" && req.T != wire.TAuth {
+				s.fail(req.Rid, wire.Errorf(wire.Unauthenticated, "the first frame must be auth"))
+				return gnet.None
+			}
+			s.reply(wire.ErrorReply(req.Rid, we))
+			continue
+		}
+		g.metrics.framesIn.WithLabelValues(req.T).Inc()
+		if req.T == wire.TPing {
+			s.reply(wire.Pong{T: wire.TPong, Rid: req.Rid, Ts: time.Now().UnixMilli()})
+			continue
+		}
+		if !s.gotFirst {
+			s.gotFirst = true
+			if req.T != wire.TAuth {
+				s.fail(req.Rid, wire.Errorf(wire.Unauthenticated, "the first frame must be auth"))
+				return gnet.None
+			}
+		} else if req.T == wire.TAuth {
+			s.reply(wire.ErrorReply(req.Rid, wire.Errorf(wire.BadRequest, "already authenticated")))
+			continue
+		}
+		s.enqueue(req)
+	}
+}
+
+// OnTick enforces auth_timeout and idle_timeout, and probes slow devices
+// that owe hints.
+func (g *Gateway) OnTick() (time.Duration, gnet.Action) {
+	now := time.Now()
+	var expired, probe []*Session
+	g.mu.RLock()
+	for s := range g.sessions {
+		last := time.Unix(0, s.lastSeen.Load())
+		switch {
+		case !s.authed.Load() && now.Sub(s.opened) > g.cfg.AuthTimeout:
+			expired = append(expired, s)
+		case now.Sub(last) > g.cfg.IdleTimeout:
+			expired = append(expired, s)
+		default:
+			probe = append(probe, s)
+		}
+	}
+	g.mu.RUnlock()
+	for _, s := range expired {
+		if !s.authed.Load() {
+			s.fail("", wire.Errorf(wire.Unauthenticated, "no auth within %s", g.cfg.AuthTimeout))
+		} else {
+			s.close()
+		}
+	}
+	for _, s := range probe {
+		s.probe()
+	}
+	return time.Second, gnet.None
+}
+
+// Deliver writes frames to this gateway's connections (fanout.Local).
+func (g *Gateway) Deliver(ds []fanout.Delivery) {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	for _, d := range ds {
+		for _, t := range d.Targets {
+			if s := g.devices[t.Device]; s != nil {
+				s.push(d.Frame, d.Conv, d.Seq)
+				g.metrics.framesOut.WithLabelValues(wire.TPush).Inc()
+			}
+		}
+	}
+}
+
+// Kick closes the device's connection if it is the one with t.Token (a
+// newer connection of the device registered on another gateway).
+func (g *Gateway) Kick(t fanout.Target) {
+	g.mu.RLock()
+	s := g.devices[t.Device]
+	g.mu.RUnlock()
+	if s != nil && s.token == t.Token {
+		s.kickOut("replaced")
+	}
+}
+
+// Sessions returns how many connections are open.
+func (g *Gateway) Sessions() int {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	return len(g.sessions)
+}
+
+type gnetLogger struct{ l *slog.Logger }
+
+func (g gnetLogger) Debugf(f string, a ...any) {}
+func (g gnetLogger) Infof(f string, a ...any)  {}
+func (g gnetLogger) Warnf(f string, a ...any)  { g.l.Warn("gnet", "msg", fmt.Sprintf(f, a...)) }
+func (g gnetLogger) Errorf(f string, a ...any) { g.l.Error("gnet", "msg", fmt.Sprintf(f, a...)) }
+func (g gnetLogger) Fatalf(f string, a ...any) { g.l.Error("gnet fatal", "msg", fmt.Sprintf(f, a...)) }
+
+// Reregister writes the routing entry of every authenticated connection
+// again, with its own fencing token (after Redis lost the table).
+func (g *Gateway) Reregister(ctx context.Context) {
+	g.mu.RLock()
+	ss := make([]*Session, 0, len(g.devices))
+	for _, s := range g.devices {
+		ss = append(ss, s)
+	}
+	g.mu.RUnlock()
+	for _, s := range ss {
+		if _, _, err := g.deps.Routes.Register(ctx, s.user, s.device, s.token); errors.Is(err, route.ErrFenced) {
+			s.kickOut("replaced")
+		} else if err != nil {
+			g.log.Warn("re-registering routes", "err", err)
+			return
+		}
+	}
+	g.log.Info("re-registered routes after Redis lost them", "connections", len(ss))
+}

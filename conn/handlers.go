@@ -1,0 +1,229 @@
+package conn
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"errors"
+	"slices"
+	"time"
+
+	"github.com/parley-im/parley/cursor"
+	"github.com/parley-im/parley/eventlog"
+	"github.com/parley-im/parley/store"
+	"github.com/parley-im/parley/wire"
+)
+
+// handle runs one request on the session's request goroutine.
+func (g *Gateway) handle(s *Session, req *wire.Request) {
+	if req.T != wire.TAuth && !s.authed.Load() {
+		return // auth failed or is being refused; the connection is closing
+	}
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.RequestTimeout)
+	defer cancel()
+	switch req.T {
+	case wire.TAuth:
+		g.auth(ctx, s, req)
+	case wire.TConvCreate:
+		g.convCreate(ctx, s, req)
+	case wire.TMembersAdd:
+		head, err := g.deps.Log.AddMembers(ctx, req.Conv, s.user, s.device, req.Users)
+		g.answer(s, req, err, wire.MembersOK{T: wire.TMembersOK, Rid: req.Rid, Conv: req.Conv, Head: head})
+	case wire.TLeave:
+		head, err := g.deps.Log.RemoveMember(ctx, req.Conv, s.user, s.device, s.user)
+		g.answer(s, req, err, wire.MembersOK{T: wire.TMembersOK, Rid: req.Rid, Conv: req.Conv, Head: head})
+	case wire.TSend:
+		g.send(s, req, start)
+		return // answered asynchronously, after the commit
+	case wire.TSync:
+		g.sync(ctx, s, req)
+	case wire.TAck:
+		g.ack(s, req, start)
+		return
+	default:
+		g.answer(s, req, wire.Errorf(wire.Internal, "%s is not available on this server yet", req.T), nil)
+	}
+	g.metrics.latency.WithLabelValues(req.T).Observe(time.Since(start).Seconds())
+}
+
+// answer replies ok, or the error's code. A request without rid gets no
+// success reply.
+func (g *Gateway) answer(s *Session, req *wire.Request, err error, ok any) {
+	if err != nil {
+		e := g.wireError(req.T, err)
+		g.metrics.errors.WithLabelValues(string(e.Code)).Inc()
+		s.reply(wire.ErrorReply(req.Rid, e))
+		return
+	}
+	if req.Rid == "" && req.T != wire.TPing {
+		return
+	}
+	g.metrics.framesOut.WithLabelValues(req.T + "_ok").Inc()
+	s.reply(ok)
+}
+
+// wireError maps an internal error to its PROTOCOL.md code.
+func (g *Gateway) wireError(t string, err error) *wire.Error {
+	if e, ok := wire.AsError(err); ok {
+		return e
+	}
+	switch {
+	case errors.Is(err, store.ErrNotMember), errors.Is(err, store.ErrNotFound):
+		return wire.Errorf(wire.NotMember, "not a member of this conversation")
+	case errors.Is(err, store.ErrUnknownUser):
+		return wire.Errorf(wire.BadRequest, "%v", err)
+	case errors.Is(err, store.ErrExists):
+		return wire.Errorf(wire.Exists, "conversation id is taken")
+	case errors.Is(err, store.ErrStaleInstall):
+		return wire.Errorf(wire.StaleInstall, "this connection belongs to an older install of the device")
+	case errors.Is(err, store.ErrCursorAhead), errors.Is(err, eventlog.ErrCursorAhead):
+		return wire.Errorf(wire.CursorAhead, "seq is above the conversation's head")
+	}
+	// Anything else means a backend did not do its part: nothing that was
+	// asked for was committed (a commit reports success or nothing).
+	g.log.Warn("request failed", "type", t, "err", err)
+	return wire.Errorf(wire.Unavailable, "a backend is unavailable; retry later")
+}
+
+func (g *Gateway) auth(ctx context.Context, s *Session, req *wire.Request) {
+	dev, err := g.deps.Store.DeviceByID(ctx, req.Device)
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		g.log.Warn("auth lookup", "err", err)
+		s.fail(req.Rid, wire.Errorf(wire.Unavailable, "a backend is unavailable; retry later"))
+		return
+	}
+	sum := sha256.Sum256([]byte(req.Token))
+	want := dev.TokenSHA256
+	if len(want) != len(sum) {
+		want = make([]byte, len(sum)) // compare anyway: same work for unknown devices
+	}
+	if subtle.ConstantTimeCompare(sum[:], want) != 1 || err != nil {
+		s.fail(req.Rid, wire.Errorf(wire.AuthFailed, "unknown device or bad token"))
+		return
+	}
+	token, prev, err := g.deps.Routes.Register(ctx, dev.User, dev.ID, 0)
+	if err != nil {
+		g.log.Warn("auth route", "err", err)
+		s.fail(req.Rid, wire.Errorf(wire.Unavailable, "a backend is unavailable; retry later"))
+		return
+	}
+	s.user, s.device, s.epoch, s.token = dev.User, dev.ID, dev.InstallEpoch, token
+	s.authed.Store(true)
+	g.mu.Lock()
+	old := g.devices[dev.ID]
+	if !s.closed.Load() {
+		g.devices[dev.ID] = s
+	}
+	g.mu.Unlock()
+	if old != nil && old != s {
+		old.kickOut("replaced")
+	}
+	if prev != nil && (prev.Gateway != g.deps.Routes.Gateway() || prev.Boot != g.deps.Routes.Boot()) {
+		if err := g.deps.Bus.Kick(ctx, prev.Gateway, prev.Device, prev.Token); err != nil {
+			g.log.Debug("kicking replaced connection", "gateway", prev.Gateway, "err", err)
+		}
+	}
+	if s.closed.Load() { // closed while authenticating: undo the route
+		_ = g.deps.Routes.Unregister(ctx, s.user, s.device, s.token)
+		return
+	}
+	g.answer(s, req, nil, wire.AuthOK{T: wire.TAuthOK, Rid: req.Rid, User: dev.User, Device: dev.ID,
+		InstallEpoch: dev.InstallEpoch, Ts: time.Now().UnixMilli()})
+}
+
+func (g *Gateway) convCreate(ctx context.Context, s *Session, req *wire.Request) {
+	members := uniq(append(slices.Clone(req.Members), s.user))
+	var id string
+	switch req.Kind {
+	case "direct":
+		if len(members) != 2 {
+			g.answer(s, req, wire.Errorf(wire.BadRequest, "direct takes exactly one other user"), nil)
+			return
+		}
+		other := members[0]
+		if other == s.user {
+			other = members[1]
+		}
+		id = eventlog.DirectID(s.user, other)
+	case "group":
+		id = req.Conv
+		if id == "" {
+			id = eventlog.NewGroupID()
+		} else if err := eventlog.ValidGroupID(id); err != nil {
+			g.answer(s, req, wire.Errorf(wire.BadRequest, "%v", err), nil)
+			return
+		}
+	default:
+		g.answer(s, req, wire.Errorf(wire.BadRequest, "kind must be group or direct"), nil)
+		return
+	}
+	err := g.deps.Log.Create(ctx, id, req.Kind, req.Title, s.user, members)
+	if errors.Is(err, store.ErrExists) && req.Kind == "direct" {
+		c, cerr := g.deps.Store.ConversationByID(ctx, id)
+		g.answer(s, req, cerr, wire.ConvCreateOK{T: wire.TConvCreateOK, Rid: req.Rid, Conv: id, Head: c.Head})
+		return
+	}
+	g.answer(s, req, err, wire.ConvCreateOK{T: wire.TConvCreateOK, Rid: req.Rid, Conv: id, Head: 1})
+}
+
+func uniq(xs []string) []string {
+	slices.Sort(xs)
+	return slices.Compact(xs)
+}
+
+func (g *Gateway) send(s *Session, req *wire.Request, start time.Time) {
+	if len(req.Body) > g.cfg.MaxBody {
+		g.answer(s, req, wire.Errorf(wire.TooLarge, "body is %d bytes; max_body is %d", len(req.Body), g.cfg.MaxBody), nil)
+		return
+	}
+	if wait, ok := s.allowSend(start); !ok {
+		g.answer(s, req, &wire.Error{Code: wire.RateLimited, Msg: "send rate exceeded", RetryAfterMs: max(1, wait.Milliseconds())}, nil)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.RequestTimeout)
+	m := eventlog.Message{Conv: req.Conv, Sender: s.user, Device: s.device, Cmid: req.Cmid, Body: req.Body}
+	rid, cmid, conv := req.Rid, req.Cmid, req.Conv
+	g.deps.Log.Send(ctx, m, func(r eventlog.SendResult) {
+		cancel()
+		g.metrics.latency.WithLabelValues(wire.TSend).Observe(time.Since(start).Seconds())
+		g.answer(s, &wire.Request{T: wire.TSend, Rid: rid}, r.Err,
+			wire.SendOK{T: wire.TSendOK, Rid: rid, Conv: conv, Cmid: cmid, Seq: r.Seq, Ts: r.Ts, Dup: r.Dup})
+	})
+}
+
+func (g *Gateway) sync(ctx context.Context, s *Session, req *wire.Request) {
+	limit := int(req.Limit)
+	if limit <= 0 {
+		limit = 100
+	}
+	limit = min(limit, 1000)
+	p, err := g.deps.Log.Sync(ctx, req.Conv, s.user, req.After, limit)
+	if err != nil {
+		g.answer(s, req, err, nil)
+		return
+	}
+	evs := make([]wire.Event, len(p.Events))
+	for i, e := range p.Events {
+		evs[i] = WireEvent(e)
+	}
+	g.answer(s, req, nil, wire.SyncOK{T: wire.TSyncOK, Rid: req.Rid, Conv: req.Conv, Epoch: p.Epoch, Head: p.Head,
+		MinSeq: p.MinSeq, Upto: p.Upto, More: p.Upto < p.Head, Events: evs})
+}
+
+// WireEvent is e as clients see it.
+func WireEvent(e store.Event) wire.Event {
+	return wire.Event{Seq: e.Seq, Kind: e.Kind.String(), Sender: e.Sender, Body: e.Body, Ts: e.Ts, Cmid: e.Cmid,
+		Recalled: e.Recalled, Target: e.Target, Users: e.Users}
+}
+
+func (g *Gateway) ack(s *Session, req *wire.Request, start time.Time) {
+	a := cursor.Ack{Device: s.device, User: s.user, Conv: req.Conv, Epoch: s.epoch, Seq: req.Seq}
+	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.RequestTimeout)
+	rid, conv := req.Rid, req.Conv
+	g.deps.Cursors.Merge(ctx, a, func(r cursor.Result) {
+		cancel()
+		g.metrics.latency.WithLabelValues(wire.TAck).Observe(time.Since(start).Seconds())
+		g.answer(s, &wire.Request{T: wire.TAck, Rid: rid}, r.Err, wire.AckOK{T: wire.TAckOK, Rid: rid, Conv: conv, Delivered: r.Delivered})
+	})
+}

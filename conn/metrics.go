@@ -1,0 +1,35 @@
+package conn
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// metrics of the gateway. Labels are low-cardinality: frame types, reasons.
+type metrics struct {
+	connections prometheus.Gauge
+	framesIn    *prometheus.CounterVec
+	framesOut   *prometheus.CounterVec
+	errors      *prometheus.CounterVec
+	drops       *prometheus.CounterVec
+	latency     *prometheus.HistogramVec
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		connections: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "parley_gateway_connections", Help: "Open client connections."}),
+		framesIn: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "parley_gateway_frames_in_total", Help: "Frames received, by type (\"invalid\" for undecodable)."}, []string{"type"}),
+		framesOut: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "parley_gateway_frames_out_total", Help: "Frames sent, by type."}, []string{"type"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "parley_gateway_errors_total", Help: "Error replies, by code."}, []string{"code"}),
+		drops: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "parley_gateway_drops_total", Help: "Pushes not written, by reason."}, []string{"reason"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "parley_gateway_request_seconds", Help: "Time from a request's arrival to its reply, by type.",
+			Buckets: prometheus.ExponentialBuckets(0.0002, 2, 16)}, []string{"type"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.connections, m.framesIn, m.framesOut, m.errors, m.drops, m.latency)
+	}
+	return m
+}

@@ -1,0 +1,255 @@
+package conn
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/panjf2000/gnet/v2"
+
+	"github.com/parley-im/parley/wire"
+)
+
+// maxQueued is how many requests of one connection may wait for the
+// request goroutine before the connection is told RATE_LIMITED.
+const maxQueued = 256
+
+// Session is the state of one client connection.
+type Session struct {
+	// Static after construction.
+	g      *Gateway
+	c      gnet.Conn
+	opened time.Time
+
+	// Owned by the event loop.
+	gotFirst bool // the first frame (which must be auth) arrived
+
+	// Written once by the auth handler before authed is set; read-only after.
+	user   string
+	device string
+	epoch  int64
+	token  int64 // fencing token of this connection's routing entry
+	authed atomic.Bool
+
+	lastSeen atomic.Int64 // unix nanos of the last frame received
+	closed   atomic.Bool
+
+	// Request queue, drained by one goroutine at a time (requests of one
+	// connection are handled in order; idle connections hold none).
+	qmu     sync.Mutex
+	queue   []wire.Request
+	running bool
+
+	// Outbox: frames waiting for the event loop. Guarded by omu.
+	omu       sync.Mutex
+	out       []byte
+	spare     []byte
+	scheduled bool             // an AsyncWrite of this outbox is queued on the loop
+	behind    map[string]int64 // conv -> newest seq dropped for this slow device: owes a hint
+	kick      bool             // close once the outbox is written
+	backlog   int              // bytes gnet still held at the last flush
+
+	sendTokens float64 // send rate limiter, guarded by qmu (only the request goroutine uses it)
+	sendLast   time.Time
+}
+
+func newSession(g *Gateway, c gnet.Conn) *Session {
+	now := time.Now()
+	s := &Session{g: g, c: c, opened: now}
+	s.lastSeen.Store(now.UnixNano())
+	return s
+}
+
+// enqueue hands req to the session's request goroutine, starting one if
+// none runs.
+func (s *Session) enqueue(req wire.Request) {
+	s.qmu.Lock()
+	if len(s.queue) >= maxQueued {
+		s.qmu.Unlock()
+		s.reply(wire.ErrorReply(req.Rid, &wire.Error{Code: wire.RateLimited, Msg: "too many requests in flight", RetryAfterMs: 100}))
+		return
+	}
+	s.queue = append(s.queue, req)
+	if s.running {
+		s.qmu.Unlock()
+		return
+	}
+	s.running = true
+	s.qmu.Unlock()
+	s.g.goroutine(s.drain)
+}
+
+func (s *Session) drain() {
+	for {
+		s.qmu.Lock()
+		if len(s.queue) == 0 || s.closed.Load() {
+			s.queue = nil
+			s.running = false
+			s.qmu.Unlock()
+			return
+		}
+		req := s.queue[0]
+		s.queue[0] = wire.Request{}
+		s.queue = s.queue[1:]
+		s.qmu.Unlock()
+		s.g.handle(s, &req)
+	}
+}
+
+// reply encodes v and queues it; replies are never dropped.
+func (s *Session) reply(v any) {
+	frame, err := wire.AppendFrame(nil, v)
+	if err != nil {
+		s.g.log.Error("encoding reply", "err", err)
+		return
+	}
+	s.write(frame, "", 0)
+}
+
+// push queues a frame that may be dropped for a slow device: conv and seq
+// say what the device then has to sync.
+func (s *Session) push(frame []byte, conv string, seq int64) {
+	s.write(frame, conv, seq)
+}
+
+// write appends frame to the outbox and schedules a flush on the loop. A
+// push (conv != "") to a device whose backlog exceeds max_outbound is
+// dropped and owed as a hint; a backlog of twice that (replies it does not
+// read) closes the connection.
+func (s *Session) write(frame []byte, conv string, seq int64) {
+	if s.closed.Load() {
+		return
+	}
+	limit := s.g.cfg.MaxOutbound
+	s.omu.Lock()
+	pending := len(s.out) + s.backlog
+	if conv != "" && (pending > limit || s.behind != nil) {
+		if s.behind == nil {
+			s.behind = map[string]int64{}
+		}
+		if seq > s.behind[conv] {
+			s.behind[conv] = seq
+		}
+		s.omu.Unlock()
+		s.g.metrics.drops.WithLabelValues("slow_device").Inc()
+		return
+	}
+	if pending > 2*limit {
+		s.omu.Unlock()
+		s.g.metrics.drops.WithLabelValues("slow_device_closed").Inc()
+		s.close()
+		return
+	}
+	s.out = append(s.out, frame...)
+	s.flushLocked()
+	s.omu.Unlock()
+}
+
+// flushLocked schedules an AsyncWrite of the outbox if none is queued.
+func (s *Session) flushLocked() {
+	if s.scheduled || len(s.out) == 0 {
+		return
+	}
+	data := s.out
+	s.out, s.spare = s.spare[:0], nil
+	s.scheduled = true
+	if err := s.c.AsyncWrite(data, s.written(data)); err != nil {
+		s.scheduled = false
+	}
+}
+
+// written returns the AsyncWrite callback: it runs on the event loop after
+// data went to gnet's outbound buffer, records the backlog, and flushes
+// whatever was queued meanwhile (and owed hints once the device caught up).
+func (s *Session) written(data []byte) gnet.AsyncCallback {
+	return func(c gnet.Conn, err error) error {
+		s.omu.Lock()
+		defer s.omu.Unlock()
+		s.scheduled = false
+		s.spare = data[:0]
+		if err != nil {
+			s.out = nil
+			return nil
+		}
+		s.backlog = c.OutboundBuffered()
+		if s.behind != nil && len(s.out)+s.backlog <= s.g.cfg.MaxOutbound/2 {
+			for conv, head := range s.behind {
+				if f, err := wire.AppendFrame(nil, wire.Hint{T: wire.THint, Conv: conv, Head: head}); err == nil {
+					s.out = append(s.out, f...)
+				}
+			}
+			s.behind = nil
+		}
+		if len(s.out) > 0 {
+			s.flushLocked()
+			return nil
+		}
+		if s.kick {
+			_ = c.Close()
+		}
+		return nil
+	}
+}
+
+// probe asks the loop for the current backlog of a device that owes
+// hints while nothing is being written (the tick calls it).
+func (s *Session) probe() {
+	s.omu.Lock()
+	defer s.omu.Unlock()
+	if s.behind == nil || s.scheduled {
+		return
+	}
+	s.scheduled = true
+	if err := s.c.Wake(s.written(nil)); err != nil {
+		s.scheduled = false
+	}
+}
+
+// kickOut sends {t:"kick", reason} and closes the connection after it.
+func (s *Session) kickOut(reason string) {
+	frame, _ := wire.AppendFrame(nil, wire.Kick{T: wire.TKick, Reason: reason})
+	s.omu.Lock()
+	s.out = append(s.out, frame...)
+	s.kick = true
+	s.flushLocked()
+	s.omu.Unlock()
+	// If the write never completes (the peer is gone), the close still happens.
+	time.AfterFunc(2*time.Second, s.close)
+}
+
+// fail sends an error and closes the connection after it.
+func (s *Session) fail(rid string, e *wire.Error) {
+	frame, _ := wire.AppendFrame(nil, wire.ErrorReply(rid, e))
+	s.omu.Lock()
+	s.out = append(s.out, frame...)
+	s.kick = true
+	s.flushLocked()
+	s.omu.Unlock()
+	time.AfterFunc(2*time.Second, s.close)
+}
+
+func (s *Session) close() {
+	_ = s.c.Close()
+}
+
+// allowSend takes one token of the device's send rate limit; otherwise it
+// returns how long to wait.
+func (s *Session) allowSend(now time.Time) (time.Duration, bool) {
+	rate, burst := float64(s.g.cfg.SendRate), float64(s.g.cfg.SendBurst)
+	if rate <= 0 {
+		return 0, true
+	}
+	s.qmu.Lock()
+	defer s.qmu.Unlock()
+	if s.sendLast.IsZero() {
+		s.sendTokens = burst
+	} else {
+		s.sendTokens = min(burst, s.sendTokens+now.Sub(s.sendLast).Seconds()*rate)
+	}
+	s.sendLast = now
+	if s.sendTokens >= 1 {
+		s.sendTokens--
+		return 0, true
+	}
+	return time.Duration((1 - s.sendTokens) / rate * float64(time.Second)), false
+}

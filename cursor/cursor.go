@@ -1,0 +1,113 @@
+// Package cursor keeps per-device delivery cursors: "this device holds
+// every event of the conversation up to seq". A cursor only grows: acks
+// are max-merged, first durably in PostgreSQL (GREATEST upserts, group
+// committed), then in Redis by the hash_max script, the hot copy that
+// fan-out and the redelivery scan read. An ack from a connection of an
+// older install of the device changes nothing (M5).
+package cursor
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/parley-im/parley/internal/batch"
+	"github.com/parley-im/parley/scripts"
+	"github.com/parley-im/parley/store"
+)
+
+// Ack is one delivery report.
+type Ack = store.CursorUpdate
+
+// Result is the merged cursor, or store.ErrStaleInstall,
+// store.ErrNotMember, store.ErrCursorAhead, or a backend error.
+type Result = store.CursorResult
+
+// Cursors merges acks.
+type Cursors struct {
+	// Static after construction.
+	st     *store.Store
+	rdb    redis.UniversalClient
+	prefix string
+	log    *slog.Logger
+
+	acks *batch.Batcher[*pendingAck]
+}
+
+type pendingAck struct {
+	ack  Ack
+	done func(Result)
+}
+
+// New starts the group-commit workers.
+func New(st *store.Store, rdb redis.UniversalClient, prefix string, log *slog.Logger, workers, maxBatch int) *Cursors {
+	c := &Cursors{st: st, rdb: rdb, prefix: prefix, log: log}
+	c.acks = batch.New(workers, maxBatch, maxBatch*workers*4, c.commit)
+	return c
+}
+
+// Close finishes queued acks.
+func (c *Cursors) Close() { c.acks.Close() }
+
+// Key is the Redis hash of a device's delivery cursors (field: conv).
+func (c *Cursors) Key(user, device string) string {
+	return c.prefix + "dc:{" + user + "}:" + device
+}
+
+// Merge queues a; done is called once, after the merge is durable.
+func (c *Cursors) Merge(ctx context.Context, a Ack, done func(Result)) {
+	if err := c.acks.Submit(ctx, &pendingAck{ack: a, done: done}); err != nil {
+		done(Result{Err: err})
+	}
+}
+
+func (c *Cursors) commit(items []*pendingAck) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ups := make([]Ack, len(items))
+	for i, it := range items {
+		ups[i] = it.ack
+	}
+	res, err := c.st.MergeCursors(ctx, ups)
+	if err != nil {
+		for _, it := range items {
+			it.done(Result{Err: err})
+		}
+		return
+	}
+	// Hot copy: best effort, a max-merge, so a failure here only leaves
+	// Redis behind PostgreSQL until the next ack.
+	if _, err := scripts.RunPipelined(ctx, c.rdb, func(p redis.Pipeliner) {
+		for i, r := range res {
+			if r.Err == nil {
+				a := ups[i]
+				scripts.HashMax.EvalSha(ctx, p, []string{c.Key(a.User, a.Device)}, a.Conv, r.Delivered, 0)
+			}
+		}
+	}); err != nil {
+		c.log.Debug("cursor hot copy", "err", err)
+	}
+	for i, it := range items {
+		it.done(res[i])
+	}
+}
+
+// Hot returns the device's cursor in conv from Redis (0 if absent).
+func (c *Cursors) Hot(ctx context.Context, user, device, conv string) (int64, error) {
+	v, err := c.rdb.HGet(ctx, c.Key(user, device), conv).Int64()
+	if err == redis.Nil {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("cursor: %w", err)
+	}
+	return v, nil
+}
+
+// Forget deletes the device's hot cursors (after a reinstall).
+func (c *Cursors) Forget(ctx context.Context, user, device string) error {
+	return c.rdb.Del(ctx, c.Key(user, device)).Err()
+}

@@ -1,0 +1,323 @@
+// Package eventlog appends events to conversations and reads them back
+// gap-free. It joins the two halves of the write path: seqs come from
+// Redis (package seq), events are committed to PostgreSQL (package store)
+// in group-committed batches, and only then is the sender answered and the
+// event handed to fan-out.
+//
+// Reading (Sync) never lets a client skip an event: a page stops below the
+// first seq that has no committed row, and a seq left empty for longer
+// than the hole timeout is fenced off with a hole row, which the unique
+// key (conv, seq) makes final (docs/consistency.md).
+package eventlog
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/parley-im/parley/internal/batch"
+	"github.com/parley-im/parley/seq"
+	"github.com/parley-im/parley/store"
+)
+
+// Errors returned to callers (besides store's ErrNotMember, ErrNotFound,
+// ErrExists and errors that store.IsUnavailable recognises).
+var (
+	ErrCursorAhead = errors.New("eventlog: after is above head")
+	ErrRetries     = errors.New("eventlog: seq kept being taken; gave up")
+)
+
+// Message is a send request.
+type Message struct {
+	Conv   string
+	Sender string
+	Device string // the sending device (it gets send_ok instead of a push)
+	Cmid   string
+	Body   []byte
+}
+
+// SendResult is the outcome of one send.
+type SendResult struct {
+	Seq int64
+	Ts  int64
+	Dup bool
+	Err error
+}
+
+// Committed is an event that was just committed, for fan-out.
+type Committed struct {
+	store.Event
+	Device string // the device that caused it, if any (it is not pushed the event)
+}
+
+// Config tunes the log.
+type Config struct {
+	HoleTimeout   time.Duration
+	CommitBatch   int
+	CommitWorkers int
+}
+
+// Log is the conversation log of one process.
+type Log struct {
+	// Static after construction.
+	st       *store.Store
+	seqs     *seq.Allocator
+	cfg      Config
+	log      *slog.Logger
+	onCommit func([]Committed)
+	now      func() time.Time
+
+	sends *batch.Batcher[*pendingSend]
+}
+
+type pendingSend struct {
+	ctx  context.Context
+	msg  Message
+	done func(SendResult)
+}
+
+// New starts the group-commit workers. onCommit receives every committed
+// event, in commit batches, after its transaction committed; it must not
+// block for long (queue the work).
+func New(st *store.Store, seqs *seq.Allocator, cfg Config, log *slog.Logger, onCommit func([]Committed)) *Log {
+	l := &Log{st: st, seqs: seqs, cfg: cfg, log: log, onCommit: onCommit, now: time.Now}
+	l.sends = batch.New(cfg.CommitWorkers, cfg.CommitBatch, cfg.CommitBatch*cfg.CommitWorkers*4, l.commitSends)
+	return l
+}
+
+// Close stops accepting sends and finishes the queued ones.
+func (l *Log) Close() { l.sends.Close() }
+
+// Send queues m; done is called exactly once, after m was committed (or
+// found to be a duplicate) or failed. Sends queued by one caller are
+// committed in order.
+func (l *Log) Send(ctx context.Context, m Message, done func(SendResult)) {
+	if err := l.sends.Submit(ctx, &pendingSend{ctx: ctx, msg: m, done: done}); err != nil {
+		done(SendResult{Err: err})
+	}
+}
+
+// commitSends runs one batch: allocate seqs (one Redis round trip), insert
+// (one PostgreSQL transaction), retry the rows whose seq was taken.
+func (l *Log) commitSends(items []*pendingSend) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	todo := items
+	var committed []Committed
+	for attempt := 0; len(todo) > 0; attempt++ {
+		if attempt == 5 {
+			for _, it := range todo {
+				it.done(SendResult{Err: ErrRetries})
+			}
+			break
+		}
+		var retry []*pendingSend
+		results, msgs, err := l.insertBatch(ctx, todo)
+		if err != nil {
+			for _, it := range todo {
+				it.done(SendResult{Err: err})
+			}
+			l.fenceFailed(msgs)
+			break
+		}
+		reseeded := map[string]bool{}
+		for i, r := range results {
+			it := todo[i]
+			if errors.Is(r.Err, store.ErrSeqTaken) {
+				if !reseeded[it.msg.Conv] {
+					reseeded[it.msg.Conv] = true
+					if err := l.seqs.Reseed(ctx, it.msg.Conv); err != nil {
+						l.log.Warn("re-seeding seq counter", "conv", it.msg.Conv, "err", err)
+					}
+				}
+				retry = append(retry, it)
+				continue
+			}
+			it.done(SendResult{Seq: r.Seq, Ts: r.Ts, Dup: r.Dup, Err: r.Err})
+			if r.Err == nil && !r.Dup {
+				m := msgs[i]
+				committed = append(committed, Committed{Device: it.msg.Device, Event: store.Event{
+					Conv: m.Conv, Seq: m.Seq, Kind: store.KindMsg, Sender: m.Sender, Cmid: m.Cmid, Body: m.Body, Ts: m.Ts}})
+			}
+		}
+		todo = retry
+	}
+	if len(committed) > 0 && l.onCommit != nil {
+		l.onCommit(committed)
+	}
+}
+
+func (l *Log) insertBatch(ctx context.Context, items []*pendingSend) ([]store.InsertResult, []store.NewMessage, error) {
+	var convs []string
+	var counts []int64
+	index := map[string]int{}
+	for _, it := range items {
+		i, ok := index[it.msg.Conv]
+		if !ok {
+			i = len(convs)
+			index[it.msg.Conv] = i
+			convs = append(convs, it.msg.Conv)
+			counts = append(counts, 0)
+		}
+		counts[i]++
+	}
+	first, err := l.seqs.Alloc(ctx, convs, counts)
+	if err != nil {
+		if errors.Is(err, store.ErrNotFound) {
+			return l.insertSplit(ctx, items)
+		}
+		return nil, nil, err
+	}
+	ts := l.now().UnixMilli()
+	msgs := make([]store.NewMessage, len(items))
+	for k, it := range items {
+		i := index[it.msg.Conv]
+		msgs[k] = store.NewMessage{Conv: it.msg.Conv, Sender: it.msg.Sender, Cmid: it.msg.Cmid, Body: it.msg.Body, Seq: first[i], Ts: ts}
+		first[i]++
+	}
+	res, err := l.st.InsertMessages(ctx, msgs)
+	return res, msgs, err
+}
+
+// insertSplit handles a batch that names a conversation that does not
+// exist: those sends fail NOT_MEMBER (ids cannot be probed), the rest go on.
+func (l *Log) insertSplit(ctx context.Context, items []*pendingSend) ([]store.InsertResult, []store.NewMessage, error) {
+	results := make([]store.InsertResult, len(items))
+	msgs := make([]store.NewMessage, len(items))
+	for i, it := range items {
+		first, err := l.seqs.AllocOne(ctx, it.msg.Conv)
+		if errors.Is(err, store.ErrNotFound) {
+			results[i].Err = store.ErrNotMember
+			continue
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		msgs[i] = store.NewMessage{Conv: it.msg.Conv, Sender: it.msg.Sender, Cmid: it.msg.Cmid, Body: it.msg.Body, Seq: first, Ts: l.now().UnixMilli()}
+		r, err := l.st.InsertMessages(ctx, msgs[i:i+1])
+		if err != nil {
+			return nil, nil, err
+		}
+		results[i] = r[0]
+	}
+	return results, msgs, nil
+}
+
+// fenceFailed records the seqs of a batch that failed as holes, so
+// readers move past them at once instead of after the hole timeout. Best
+// effort: if PostgreSQL is down this fails too, and readers fence them.
+func (l *Log) fenceFailed(msgs []store.NewMessage) {
+	if len(msgs) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	byConv := map[string][]int64{}
+	for _, m := range msgs {
+		if m.Conv != "" {
+			byConv[m.Conv] = append(byConv[m.Conv], m.Seq)
+		}
+	}
+	for conv, seqs := range byConv {
+		if err := l.st.InsertHoles(ctx, conv, seqs, l.now().UnixMilli()); err != nil {
+			return
+		}
+	}
+}
+
+// Sync reads user's page of conv after `after` (PROTOCOL.md §4 sync).
+func (l *Log) Sync(ctx context.Context, conv, user string, after int64, limit int) (store.Page, error) {
+	for attempt := 0; ; attempt++ {
+		p, err := l.st.ReadPage(ctx, conv, user, after, limit)
+		if err != nil {
+			return p, err
+		}
+		if after > p.Head {
+			return p, ErrCursorAhead
+		}
+		if p.Gap == 0 || attempt == 8 || l.now().UnixMilli()-p.GapAfterTs < l.cfg.HoleTimeout.Milliseconds() {
+			return p, nil
+		}
+		// A later seq committed more than HoleTimeout ago and this one is
+		// still empty: its send failed or its sender died. Fence it.
+		if err := l.st.InsertHoles(ctx, conv, []int64{p.Gap}, l.now().UnixMilli()); err != nil {
+			return p, err
+		}
+		l.log.Debug("fenced a hole", "conv", conv, "seq", p.Gap)
+	}
+}
+
+// Create creates a conversation; its join event is seq 1.
+func (l *Log) Create(ctx context.Context, conv, kind, title, actor string, members []string) error {
+	ch := store.MembershipChange{Conv: conv, Actor: actor, Seq: 1, Ts: l.now().UnixMilli()}
+	if err := l.st.CreateConversation(ctx, ch, kind, title, members); err != nil {
+		return err
+	}
+	if err := l.seqs.Reseed(ctx, conv); err != nil {
+		l.log.Warn("seeding seq counter", "conv", conv, "err", err)
+	}
+	l.committed(ch, store.KindJoin, members, "")
+	return nil
+}
+
+// AddMembers appends a join event for users (actor "" for the admin API).
+func (l *Log) AddMembers(ctx context.Context, conv, actor, device string, users []string) (int64, error) {
+	var head int64
+	var added []string
+	err := l.membership(ctx, conv, actor, func(ch store.MembershipChange) (err error) {
+		head, added, err = l.st.AddMembers(ctx, ch, users)
+		if err == nil && len(added) > 0 {
+			l.committed(ch, store.KindJoin, added, device)
+		}
+		return err
+	})
+	return head, err
+}
+
+// RemoveMember appends a leave event for user (who left, or was removed
+// by actor; "" for the admin API).
+func (l *Log) RemoveMember(ctx context.Context, conv, actor, device, user string) (int64, error) {
+	var head int64
+	err := l.membership(ctx, conv, actor, func(ch store.MembershipChange) (err error) {
+		head, err = l.st.RemoveMember(ctx, ch, user)
+		if err == nil {
+			l.committed(ch, store.KindLeave, []string{user}, device)
+		}
+		return err
+	})
+	return head, err
+}
+
+// membership allocates a seq and runs apply, re-allocating while the seq
+// turns out to be taken; a seq left unused by a refused change is fenced.
+func (l *Log) membership(ctx context.Context, conv, actor string, apply func(store.MembershipChange) error) error {
+	for attempt := 0; attempt < 5; attempt++ {
+		s, err := l.seqs.AllocOne(ctx, conv)
+		if err != nil {
+			return err
+		}
+		ch := store.MembershipChange{Conv: conv, Actor: actor, Seq: s, Ts: l.now().UnixMilli()}
+		err = apply(ch)
+		switch {
+		case errors.Is(err, store.ErrSeqTaken):
+			if err := l.seqs.Reseed(ctx, conv); err != nil {
+				return err
+			}
+			continue
+		case err != nil && !errors.Is(err, store.ErrNotFound):
+			if herr := l.st.InsertHoles(ctx, conv, []int64{s}, ch.Ts); herr != nil {
+				l.log.Debug("fencing unused seq", "conv", conv, "seq", s, "err", herr)
+			}
+		}
+		return err
+	}
+	return ErrRetries
+}
+
+func (l *Log) committed(ch store.MembershipChange, kind store.Kind, users []string, device string) {
+	if l.onCommit == nil {
+		return
+	}
+	l.onCommit([]Committed{{Device: device, Event: store.Event{Conv: ch.Conv, Seq: ch.Seq, Kind: kind, Sender: ch.Actor, Ts: ch.Ts, Users: users}}})
+}

@@ -1,0 +1,83 @@
+package fanout
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// Bus carries deliveries and kicks between gateways: each gateway
+// subscribes to its own Redis channel and is addressed by its id from the
+// routing table. Messages on it are hints: one lost while a gateway
+// reconnects to Redis is repaired by the clients' sync.
+type Bus struct {
+	// Static after construction.
+	rdb     redis.UniversalClient
+	prefix  string
+	gateway string
+}
+
+// envelope is one bus message.
+type envelope struct {
+	Deliveries []Delivery `msgpack:"d,omitempty"`
+	Kick       *Target    `msgpack:"k,omitempty"`
+}
+
+// NewBus returns the bus endpoint of gateway.
+func NewBus(rdb redis.UniversalClient, prefix, gateway string) *Bus {
+	return &Bus{rdb: rdb, prefix: prefix, gateway: gateway}
+}
+
+func (b *Bus) channel(gw string) string { return b.prefix + "bus:" + gw }
+
+// Publish sends deliveries to gateway gw.
+func (b *Bus) Publish(ctx context.Context, gw string, ds []Delivery) error {
+	return b.publish(ctx, gw, envelope{Deliveries: ds})
+}
+
+// Kick asks gateway gw to close device's connection with the given token
+// (a newer connection of the device registered elsewhere).
+func (b *Bus) Kick(ctx context.Context, gw, device string, token int64) error {
+	return b.publish(ctx, gw, envelope{Kick: &Target{Device: device, Token: token}})
+}
+
+func (b *Bus) publish(ctx context.Context, gw string, env envelope) error {
+	payload, err := msgpack.Marshal(env)
+	if err != nil {
+		return err
+	}
+	if err := b.rdb.Publish(ctx, b.channel(gw), payload).Err(); err != nil {
+		return fmt.Errorf("bus: %w", err)
+	}
+	return nil
+}
+
+// Subscribe starts listening on this gateway's channel and returns once
+// the subscription is confirmed; Serve then handles its messages.
+func (b *Bus) Subscribe(ctx context.Context) (*redis.PubSub, error) {
+	ps := b.rdb.Subscribe(ctx, b.channel(b.gateway))
+	if _, err := ps.Receive(ctx); err != nil {
+		ps.Close()
+		return nil, fmt.Errorf("bus: %w", err)
+	}
+	return ps, nil
+}
+
+// Serve hands the messages of ps to local (deliveries) and onKick until
+// ps is closed.
+func Serve(ps *redis.PubSub, local Local, onKick func(Target)) {
+	for m := range ps.Channel(redis.WithChannelSize(1024)) {
+		var env envelope
+		if err := msgpack.Unmarshal([]byte(m.Payload), &env); err != nil {
+			continue
+		}
+		if len(env.Deliveries) > 0 {
+			local.Deliver(env.Deliveries)
+		}
+		if env.Kick != nil {
+			onKick(*env.Kick)
+		}
+	}
+}

@@ -1,0 +1,87 @@
+// Package batch groups work items submitted by many goroutines into
+// batches run by a fixed number of workers: group commit. A lone item runs
+// at once; under load, items that queue up while workers are busy go
+// together into the next batch, so one PostgreSQL commit serves many.
+package batch
+
+import (
+	"context"
+	"errors"
+	"sync"
+)
+
+// ErrClosed is returned by Submit after Close.
+var ErrClosed = errors.New("batch: closed")
+
+// Batcher runs run(items) on batches of at most max items, with at most
+// workers batches in flight.
+type Batcher[T any] struct {
+	// Static after construction.
+	max int
+	run func([]T)
+	ch  chan T
+
+	mu     sync.RWMutex // guards closed; held shared by Submit while sending on ch
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// New starts workers goroutines. queue is how many items may wait.
+func New[T any](workers, max, queue int, run func([]T)) *Batcher[T] {
+	b := &Batcher[T]{max: max, run: run, ch: make(chan T, queue)}
+	b.wg.Add(workers)
+	for i := 0; i < workers; i++ {
+		go b.work()
+	}
+	return b
+}
+
+// Submit queues item. It blocks while the queue is full (backpressure) or
+// until ctx is done.
+func (b *Batcher[T]) Submit(ctx context.Context, item T) error {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	if b.closed {
+		return ErrClosed
+	}
+	select {
+	case b.ch <- item:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Close stops accepting items, runs every queued one and waits for the
+// workers. Safe to call twice.
+func (b *Batcher[T]) Close() {
+	b.mu.Lock()
+	if !b.closed {
+		b.closed = true
+		close(b.ch)
+	}
+	b.mu.Unlock()
+	b.wg.Wait()
+}
+
+func (b *Batcher[T]) work() {
+	defer b.wg.Done()
+	items := make([]T, 0, b.max)
+	for first := range b.ch {
+		items = append(items[:0], first)
+	fill:
+		for len(items) < b.max {
+			select {
+			case it, ok := <-b.ch:
+				if !ok {
+					break fill
+				}
+				items = append(items, it)
+			default:
+				break fill
+			}
+		}
+		b.run(items)
+		clear(items)
+	}
+}

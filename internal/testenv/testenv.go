@@ -1,0 +1,269 @@
+// Package testenv gives tests real PostgreSQL and Redis: a fresh database per
+// test, a private Redis key prefix, or a private redis-server process for tests
+// that kill or flush it.
+//
+// The shared servers are the ones `make services` (tools/ensure-services.sh)
+// sets up; `make test` starts them and points the tests at them with
+// PARLEY_TEST_POSTGRES_URL and PARLEY_TEST_REDIS_URL. When a server is not
+// reachable the test fails with a message saying so: these are not mocks, and
+// tests do not silently skip.
+package testenv
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+)
+
+const (
+	// DefaultPostgresURL is used when PARLEY_TEST_POSTGRES_URL is unset.
+	DefaultPostgresURL = "postgres://parley:parley@127.0.0.1:5432/parley?sslmode=disable"
+	// DefaultRedisURL is used when PARLEY_TEST_REDIS_URL is unset.
+	DefaultRedisURL = "redis://127.0.0.1:6379/0"
+
+	// EnvPostgresURL names the variable holding the test PostgreSQL URL. Its
+	// role needs CREATEDB: every PostgresURL call creates a database.
+	EnvPostgresURL = "PARLEY_TEST_POSTGRES_URL"
+	// EnvRedisURL names the variable holding the shared test Redis URL.
+	EnvRedisURL = "PARLEY_TEST_REDIS_URL"
+
+	// dbPrefix starts the name of every database PostgresURL creates.
+	dbPrefix = "parley_t_"
+	// staleAfter is the age past which a leftover test database (from a test
+	// binary that died before its cleanups ran) is dropped.
+	staleAfter = 2 * time.Hour
+
+	setupTimeout = 15 * time.Second
+	howToStart   = "start the test services with `make services` (or run the tests with `make test`)"
+)
+
+// PostgresURL creates a fresh database (named parley_t_<random>) on the server
+// of PARLEY_TEST_POSTGRES_URL (default DefaultPostgresURL), registers a
+// t.Cleanup that drops it (WITH (FORCE), so connections still open are cut),
+// and returns the URL of the new database. It fails the test with t.Fatal if
+// the server is unreachable.
+//
+// The database is empty: each test applies its own schema.
+func PostgresURL(t testing.TB) string {
+	t.Helper()
+	base := envOr(EnvPostgresURL, DefaultPostgresURL)
+	ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
+	defer cancel()
+
+	conn, err := pgx.Connect(ctx, base)
+	if err != nil {
+		t.Fatalf("testenv: cannot connect to the test PostgreSQL at %s (%s): %v\n"+
+			"testenv: %s, or point %s at a server where the role may CREATE DATABASE",
+			redactURL(base), EnvPostgresURL, err, howToStart, EnvPostgresURL)
+	}
+	defer conn.Close(context.Background())
+
+	sweepOnce.Do(func() { sweepStale(ctx, t, conn) })
+
+	// The creation time in the name lets a later run drop leftovers.
+	name := fmt.Sprintf("%s%x_%s", dbPrefix, time.Now().Unix(), randomHex(6))
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		t.Fatalf("testenv: CREATE DATABASE %s on %s: %v (the role needs CREATEDB)", name, redactURL(base), err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, base)
+		if err != nil {
+			t.Errorf("testenv: dropping test database %s: %v", name, err)
+			return
+		}
+		defer conn.Close(context.Background())
+		if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+			t.Errorf("testenv: dropping test database %s: %v", name, err)
+		}
+	})
+
+	u, err := withDatabase(base, name)
+	if err != nil {
+		t.Fatalf("testenv: %s: %v", EnvPostgresURL, err)
+	}
+	return u
+}
+
+var sweepOnce sync.Once
+
+// sweepStale drops test databases older than staleAfter, left behind by test
+// binaries that were killed (a -timeout panic skips cleanups). Best effort.
+func sweepStale(ctx context.Context, t testing.TB, conn *pgx.Conn) {
+	rows, err := conn.Query(ctx, "SELECT datname FROM pg_database WHERE starts_with(datname, $1)", dbPrefix)
+	if err != nil {
+		return
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return
+	}
+	for _, name := range names {
+		stamp, _, ok := strings.Cut(strings.TrimPrefix(name, dbPrefix), "_")
+		if !ok {
+			continue
+		}
+		secs, err := strconv.ParseInt(stamp, 16, 64)
+		if err != nil || time.Since(time.Unix(secs, 0)) < staleAfter {
+			continue
+		}
+		if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err == nil {
+			t.Logf("testenv: dropped stale test database %s", name)
+		}
+	}
+}
+
+// withDatabase returns the connection string base with its database replaced
+// by name. base may be a URL or a keyword/value string.
+func withDatabase(base, name string) (string, error) {
+	if strings.HasPrefix(base, "postgres://") || strings.HasPrefix(base, "postgresql://") {
+		u, err := url.Parse(base)
+		if err != nil {
+			return "", err
+		}
+		u.Path = "/" + name
+		u.RawPath = ""
+		return u.String(), nil
+	}
+	// Keyword/value form: a later keyword overrides an earlier one.
+	return base + " dbname=" + name, nil
+}
+
+// Redis returns the URL of the shared test Redis (PARLEY_TEST_REDIS_URL,
+// default DefaultRedisURL) and a key prefix unique to this test, like
+// "t3f9a0c1d2e4b:". The test must put every key it writes under the prefix;
+// a t.Cleanup deletes every key with the prefix (SCAN + UNLINK). It fails the
+// test with t.Fatal if the server is unreachable.
+//
+// Tests that need FLUSHALL, CONFIG SET, a restart or a dead server use
+// StartRedis instead.
+func Redis(t testing.TB) (url, prefix string) {
+	t.Helper()
+	url = envOr(EnvRedisURL, DefaultRedisURL)
+	opt, err := redis.ParseURL(url)
+	if err != nil {
+		t.Fatalf("testenv: %s=%q: %v", EnvRedisURL, redactURL(url), err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
+	defer cancel()
+	// Dial first: go-redis would retry and log each refused dial.
+	if conn, derr := net.DialTimeout(opt.Network, opt.Addr, 2*time.Second); derr != nil {
+		err = derr
+	} else {
+		conn.Close()
+		probe := *opt
+		probe.MaxRetries = -1
+		c := redis.NewClient(&probe)
+		err = c.Ping(ctx).Err()
+		c.Close()
+	}
+	if err != nil {
+		t.Fatalf("testenv: cannot reach the test Redis at %s (%s): %v\ntestenv: %s, or set %s",
+			redactURL(url), EnvRedisURL, err, howToStart, EnvRedisURL)
+	}
+
+	prefix = "t" + randomHex(6) + ":"
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
+		defer cancel()
+		c := redis.NewClient(opt)
+		defer c.Close()
+		if err := deletePrefix(ctx, c, prefix); err != nil {
+			t.Errorf("testenv: deleting Redis keys %s*: %v", prefix, err)
+		}
+	})
+	return url, prefix
+}
+
+// deletePrefix unlinks every key starting with prefix. prefix holds no glob
+// metacharacters.
+func deletePrefix(ctx context.Context, c *redis.Client, prefix string) error {
+	var cursor uint64
+	for {
+		keys, next, err := c.Scan(ctx, cursor, prefix+"*", 1000).Result()
+		if err != nil {
+			return err
+		}
+		if len(keys) > 0 {
+			if err := c.Unlink(ctx, keys...).Err(); err != nil {
+				return err
+			}
+		}
+		if next == 0 {
+			return nil
+		}
+		cursor = next
+	}
+}
+
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago. (Ports
+// come from the kernel's ephemeral range, up to 60999: a Redis cluster node,
+// whose bus listens on port+10000, needs a port below 55536.)
+func FreePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("testenv: finding a free port: %v", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// CheckFor calls f every interval until it returns nil, or until timeout has
+// passed, and then fails the test with t.Fatal and f's last error. f is always
+// called at least once. Call it from the test's goroutine.
+func CheckFor(t testing.TB, timeout, interval time.Duration, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if !time.Now().Before(deadline) {
+			t.Fatalf("testenv: condition still false after %v: %v", timeout, err)
+			return
+		}
+		time.Sleep(min(interval, time.Until(deadline)+time.Millisecond))
+	}
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		panic(err)
+	}
+	return hex.EncodeToString(b)
+}
+
+// redactURL hides the password of a URL for messages.
+func redactURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil || u.User == nil {
+		return s
+	}
+	if _, ok := u.User.Password(); !ok {
+		return s
+	}
+	return u.Redacted()
+}

@@ -1,0 +1,231 @@
+// Package route is the routing table in Redis: which gateway holds the
+// connection of each online device. Entries live in one hash per user
+// ({user}-tagged), written by the route_set script with a fencing token,
+// so a registration from an older connection or a late write from an old
+// gateway never overwrites a newer one (R1). Each gateway holds a lease
+// key naming its boot id; entries of a gateway whose lease has expired (or
+// that rebooted) are ignored, and reaped when seen.
+package route
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/parley-im/parley/scripts"
+)
+
+// Entry is one device's route.
+type Entry struct {
+	User    string
+	Device  string
+	Token   int64
+	Gateway string
+	Boot    string
+}
+
+// ErrFenced means a newer connection of the device is registered already.
+var ErrFenced = errors.New("route: a newer connection of the device is registered")
+
+// Table reads and writes the routing table on behalf of one gateway.
+type Table struct {
+	// Static after construction.
+	rdb     redis.UniversalClient
+	prefix  string
+	gateway string
+	boot    string
+	lease   time.Duration
+
+	mu    sync.Mutex // guards alive
+	alive map[string]liveness
+}
+
+type liveness struct {
+	boot    string // "" if the lease is missing
+	checked time.Time
+}
+
+// New returns the table as seen by gateway (booted as boot).
+func New(rdb redis.UniversalClient, prefix, gateway, boot string, lease time.Duration) *Table {
+	return &Table{rdb: rdb, prefix: prefix, gateway: gateway, boot: boot, lease: lease, alive: map[string]liveness{}}
+}
+
+// Gateway is this table's gateway id.
+func (t *Table) Gateway() string { return t.gateway }
+
+// Boot is this gateway's boot id.
+func (t *Table) Boot() string { return t.boot }
+
+func (t *Table) userKey(user string) string { return t.prefix + "rt:{" + user + "}" }
+func (t *Table) leaseKey(gw string) string  { return t.prefix + "gw:" + gw }
+
+// RenewLease (re)writes this gateway's lease. Call it every lease/3.
+func (t *Table) RenewLease(ctx context.Context) error {
+	return t.rdb.Set(ctx, t.leaseKey(t.gateway), t.boot, t.lease).Err()
+}
+
+// DropLease deletes this gateway's lease (clean shutdown).
+func (t *Table) DropLease(ctx context.Context) error {
+	return t.rdb.Del(ctx, t.leaseKey(t.gateway)).Err()
+}
+
+// Register records that this gateway holds device's connection. token 0
+// issues a new fencing token (a new connection); a non-zero token
+// re-registers an existing connection (after Redis lost the table). It
+// returns the connection's token and the entry it replaced, if any, or
+// ErrFenced with the newer entry.
+func (t *Table) Register(ctx context.Context, user, device string, token int64) (int64, *Entry, error) {
+	val := t.gateway + "|" + t.boot
+	res, err := scripts.RouteSet.Run(ctx, t.rdb, []string{t.userKey(user)}, device, token, val, time.Now().UnixMicro()).Slice()
+	if err != nil {
+		return 0, nil, fmt.Errorf("route: %w", err)
+	}
+	if len(res) != 2 {
+		return 0, nil, fmt.Errorf("route: unexpected reply %v", res)
+	}
+	prev, _ := res[1].(string)
+	var prevEntry *Entry
+	if prev != "" {
+		if e, ok := parseEntry(user, device, prev); ok {
+			prevEntry = &e
+		}
+	}
+	tok, err := toInt64(res[0])
+	if err != nil {
+		return 0, nil, err
+	}
+	if tok == 0 {
+		return 0, prevEntry, ErrFenced
+	}
+	return tok, prevEntry, nil
+}
+
+// Unregister removes device's entry if it still belongs to token.
+func (t *Table) Unregister(ctx context.Context, user, device string, token int64) error {
+	return scripts.RouteDel.Run(ctx, t.rdb, []string{t.userKey(user)}, device, strconv.FormatInt(token, 10)).Err()
+}
+
+// Lookup returns the live routes of every user's devices, in one pipeline
+// (plus one for gateway leases not checked in the last second).
+func (t *Table) Lookup(ctx context.Context, users []string) ([]Entry, error) {
+	cmds := make([]*redis.MapStringStringCmd, len(users))
+	_, err := t.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, u := range users {
+			cmds[i] = p.HGetAll(ctx, t.userKey(u))
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("route: %w", err)
+	}
+	var out []Entry
+	for i, c := range cmds {
+		for dev, val := range c.Val() {
+			if strings.HasPrefix(dev, "#") {
+				continue
+			}
+			if e, ok := parseEntry(users[i], dev, val); ok {
+				out = append(out, e)
+			}
+		}
+	}
+	return t.filterLive(ctx, out)
+}
+
+// filterLive drops entries whose gateway lease is gone or names another
+// boot, and reaps them.
+func (t *Table) filterLive(ctx context.Context, es []Entry) ([]Entry, error) {
+	now := time.Now()
+	t.mu.Lock()
+	var stale []string
+	seen := map[string]bool{}
+	for _, e := range es {
+		if e.Gateway == t.gateway || seen[e.Gateway] {
+			continue
+		}
+		seen[e.Gateway] = true
+		if l, ok := t.alive[e.Gateway]; !ok || now.Sub(l.checked) > time.Second {
+			stale = append(stale, e.Gateway)
+		}
+	}
+	t.mu.Unlock()
+	if len(stale) > 0 {
+		cmds := make([]*redis.StringCmd, len(stale))
+		_, err := t.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, gw := range stale {
+				cmds[i] = p.Get(ctx, t.leaseKey(gw))
+			}
+			return nil
+		})
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return nil, fmt.Errorf("route: %w", err)
+		}
+		t.mu.Lock()
+		for i, gw := range stale {
+			t.alive[gw] = liveness{boot: cmds[i].Val(), checked: now}
+		}
+		t.mu.Unlock()
+	}
+	live := es[:0]
+	var dead []Entry
+	t.mu.Lock()
+	for _, e := range es {
+		boot := t.boot
+		if e.Gateway != t.gateway {
+			boot = t.alive[e.Gateway].boot
+		}
+		if boot != "" && boot == e.Boot {
+			live = append(live, e)
+		} else {
+			dead = append(dead, e)
+		}
+	}
+	t.mu.Unlock()
+	for _, e := range dead {
+		// Reap: only removes the entry if no newer connection replaced it.
+		_ = t.Unregister(ctx, e.User, e.Device, e.Token)
+	}
+	return live, nil
+}
+
+func parseEntry(user, device, val string) (Entry, bool) {
+	parts := strings.SplitN(val, "|", 3)
+	if len(parts) != 3 {
+		return Entry{}, false
+	}
+	tok, err := strconv.ParseInt(parts[0], 10, 64)
+	if err != nil {
+		return Entry{}, false
+	}
+	return Entry{User: user, Device: device, Token: tok, Gateway: parts[1], Boot: parts[2]}, true
+}
+
+func toInt64(v any) (int64, error) {
+	switch x := v.(type) {
+	case int64:
+		return x, nil
+	case string:
+		return strconv.ParseInt(x, 10, 64)
+	}
+	return 0, fmt.Errorf("route: unexpected token %T", v)
+}
+
+// RenewLeaseCheck renews the lease and reports whether it had been lost
+// (expired, or Redis lost its data): the gateway then re-registers its
+// connections.
+func (t *Table) RenewLeaseCheck(ctx context.Context) (lost bool, err error) {
+	old, err := t.rdb.SetArgs(ctx, t.leaseKey(t.gateway), t.boot, redis.SetArgs{TTL: t.lease, Get: true}).Result()
+	if errors.Is(err, redis.Nil) {
+		return true, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("route: %w", err)
+	}
+	return old != t.boot, nil
+}

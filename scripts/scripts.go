@@ -1,0 +1,91 @@
+// Package scripts holds Parley's Redis Lua scripts (one .lua file each,
+// headed by its KEYS and ARGV), embedded and wrapped once. Load preloads
+// them at start-up (on every shard of a cluster). Script.Run falls back to
+// EVAL on NOSCRIPT by itself, but not inside a pipeline (go-redis issue
+// #3228): RunPipelined reloads the scripts and retries.
+//
+// Every key one script touches shares one hash tag, so the scripts run
+// unchanged on Redis Cluster.
+package scripts
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+var (
+	//go:embed seq_alloc.lua
+	seqAllocSrc string
+	//go:embed seq_floor.lua
+	seqFloorSrc string
+	//go:embed hash_max.lua
+	hashMaxSrc string
+	//go:embed route_set.lua
+	routeSetSrc string
+	//go:embed route_del.lua
+	routeDelSrc string
+)
+
+// The scripts.
+var (
+	SeqAlloc = redis.NewScript(seqAllocSrc)
+	SeqFloor = redis.NewScript(seqFloorSrc)
+	HashMax  = redis.NewScript(hashMaxSrc)
+	RouteSet = redis.NewScript(routeSetSrc)
+	RouteDel = redis.NewScript(routeDelSrc)
+)
+
+var all = []*redis.Script{SeqAlloc, SeqFloor, HashMax, RouteSet, RouteDel}
+
+// Load loads every script into Redis (every master of a cluster).
+func Load(ctx context.Context, rdb redis.UniversalClient) error {
+	for _, s := range all {
+		if cc, ok := rdb.(*redis.ClusterClient); ok {
+			err := cc.ForEachShard(ctx, func(ctx context.Context, shard *redis.Client) error {
+				return s.Load(ctx, shard).Err()
+			})
+			if err != nil {
+				return err
+			}
+			continue
+		}
+		if err := s.Load(ctx, rdb).Err(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// IsNoScript reports whether err is Redis's NOSCRIPT.
+func IsNoScript(err error) bool {
+	return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")
+}
+
+// RunPipelined runs queue (which adds EvalSha calls and other commands to
+// the pipeline) and executes it; if any command failed with NOSCRIPT it
+// reloads the scripts and runs the whole pipeline once more. The queued
+// commands must be idempotent (the scripts' max-merges are).
+func RunPipelined(ctx context.Context, rdb redis.UniversalClient, queue func(redis.Pipeliner)) ([]redis.Cmder, error) {
+	fn := func(p redis.Pipeliner) error { queue(p); return nil }
+	cmds, err := rdb.Pipelined(ctx, fn)
+	if err == nil || !anyNoScript(cmds) {
+		return cmds, err
+	}
+	if lerr := Load(ctx, rdb); lerr != nil {
+		return cmds, errors.Join(err, lerr)
+	}
+	return rdb.Pipelined(ctx, fn)
+}
+
+func anyNoScript(cmds []redis.Cmder) bool {
+	for _, c := range cmds {
+		if IsNoScript(c.Err()) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,100 @@
+// Package seq allocates each conversation's sequence numbers from a Redis
+// counter (INCRBY on a {conv}-tagged key, through the seq_alloc script).
+// A counter that Redis lost is re-seeded from the highest seq committed in
+// PostgreSQL, never restarted at 1; a seq that turns out to be taken
+// anyway (an in-flight send of the old counter) is caught by the store's
+// unique key and the caller re-seeds and allocates again.
+package seq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/parley-im/parley/scripts"
+)
+
+// FloorFunc returns the highest seq committed for conv in the
+// authoritative store (0 for an empty conversation), or an error such as
+// "no such conversation".
+type FloorFunc func(ctx context.Context, conv string) (int64, error)
+
+// Allocator hands out seqs.
+type Allocator struct {
+	rdb    redis.UniversalClient
+	prefix string
+	floor  FloorFunc
+}
+
+// New returns an Allocator over rdb whose keys start with prefix.
+func New(rdb redis.UniversalClient, prefix string, floor FloorFunc) *Allocator {
+	return &Allocator{rdb: rdb, prefix: prefix, floor: floor}
+}
+
+// Key is the counter's key for conv.
+func (a *Allocator) Key(conv string) string { return a.prefix + "seq:{" + conv + "}" }
+
+// Alloc allocates ns[i] consecutive seqs for convs[i] (convs distinct) in
+// one pipeline and returns the first seq of each range.
+func (a *Allocator) Alloc(ctx context.Context, convs []string, ns []int64) ([]int64, error) {
+	cmds, err := a.allocPipelined(ctx, convs, ns)
+	if err != nil {
+		return nil, err
+	}
+	first := make([]int64, len(convs))
+	for i, c := range cmds {
+		last, err := c.Int64()
+		if err != nil {
+			return nil, fmt.Errorf("seq: %w", err)
+		}
+		if last < 0 { // counter missing: re-seed from PostgreSQL, then allocate
+			if err := a.Reseed(ctx, convs[i]); err != nil {
+				return nil, err
+			}
+			if last, err = scripts.SeqAlloc.Run(ctx, a.rdb, []string{a.Key(convs[i])}, ns[i]).Int64(); err != nil {
+				return nil, fmt.Errorf("seq: %w", err)
+			}
+			if last < 0 {
+				return nil, errors.New("seq: counter vanished while re-seeding")
+			}
+		}
+		first[i] = last - ns[i] + 1
+	}
+	return first, nil
+}
+
+// AllocOne allocates one seq of conv.
+func (a *Allocator) AllocOne(ctx context.Context, conv string) (int64, error) {
+	s, err := a.Alloc(ctx, []string{conv}, []int64{1})
+	if err != nil {
+		return 0, err
+	}
+	return s[0], nil
+}
+
+func (a *Allocator) allocPipelined(ctx context.Context, convs []string, ns []int64) ([]*redis.Cmd, error) {
+	cmds := make([]*redis.Cmd, len(convs))
+	_, err := scripts.RunPipelined(ctx, a.rdb, func(p redis.Pipeliner) {
+		for i, conv := range convs {
+			cmds[i] = scripts.SeqAlloc.EvalSha(ctx, p, []string{a.Key(conv)}, ns[i])
+		}
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("seq: %w", err)
+	}
+	return cmds, nil
+}
+
+// Reseed raises conv's counter to at least the highest committed seq.
+func (a *Allocator) Reseed(ctx context.Context, conv string) error {
+	floor, err := a.floor(ctx, conv)
+	if err != nil {
+		return err
+	}
+	if err := scripts.SeqFloor.Run(ctx, a.rdb, []string{a.Key(conv)}, floor).Err(); err != nil {
+		return fmt.Errorf("seq: %w", err)
+	}
+	return nil
+}

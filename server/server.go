@@ -1,0 +1,290 @@
+// Package server assembles one parleyd process: the gateway, the
+// conversation log and its group-commit workers, fan-out, the routing
+// table's lease, the admin API and the metrics listener, over one
+// PostgreSQL pool and one Redis client. Several processes may share the
+// same PostgreSQL and Redis.
+package server
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/parley-im/parley/admin"
+	"github.com/parley-im/parley/config"
+	"github.com/parley-im/parley/conn"
+	"github.com/parley-im/parley/cursor"
+	"github.com/parley-im/parley/eventlog"
+	"github.com/parley-im/parley/fanout"
+	"github.com/parley-im/parley/route"
+	"github.com/parley-im/parley/scripts"
+	"github.com/parley-im/parley/seq"
+	"github.com/parley-im/parley/store"
+)
+
+// Server is one parleyd process.
+type Server struct {
+	// Static after New.
+	cfg     config.Config
+	log     *slog.Logger
+	reg     *prometheus.Registry
+	st      *store.Store
+	rdb     redis.UniversalClient
+	routes  *route.Table
+	events  *eventlog.Log
+	cursors *cursor.Cursors
+	fan     *fanout.Fanout
+	bus     *fanout.Bus
+	gw      *conn.Gateway
+	adminLn net.Listener
+	metrLn  net.Listener
+	ps      *redis.PubSub
+
+	httpServers []*http.Server
+	wg          sync.WaitGroup
+	stop        chan struct{}
+	gwErr       chan error
+	once        sync.Once
+}
+
+// New connects to PostgreSQL (applying migrations unless cfg.Migrate is
+// false) and Redis, loads the scripts, and binds the admin and metrics
+// listeners. Start serves.
+func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Server, err error) {
+	s := &Server{cfg: cfg, log: log, reg: prometheus.NewRegistry(), stop: make(chan struct{}), gwErr: make(chan error, 1)}
+	defer func() {
+		if err != nil {
+			s.closeStores()
+		}
+	}()
+	if s.cfg.AdminToken == "" {
+		var b [16]byte
+		_, _ = rand.Read(b[:])
+		s.cfg.AdminToken = hex.EncodeToString(b[:])
+	}
+	if s.cfg.GatewayID == "" {
+		host, _ := os.Hostname()
+		_, port, _ := net.SplitHostPort(cfg.Listen)
+		s.cfg.GatewayID = strings.ReplaceAll(host+":"+port, "|", "_")
+	}
+	if s.st, err = store.Open(ctx, cfg.PostgresURL, cfg.PostgresMaxConns); err != nil {
+		return nil, err
+	}
+	if cfg.Migrate {
+		if err = s.st.Migrate(ctx); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.RedisCluster != "" {
+		s.rdb = redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(cfg.RedisCluster, ",")})
+	} else {
+		opt, perr := redis.ParseURL(cfg.RedisURL)
+		if perr != nil {
+			return nil, fmt.Errorf("redis_url: %w", perr)
+		}
+		opt.PoolSize = max(opt.PoolSize, 64)
+		s.rdb = redis.NewClient(opt)
+	}
+	if err = s.rdb.Ping(ctx).Err(); err != nil {
+		return nil, fmt.Errorf("redis: %w", err)
+	}
+	if err = scripts.Load(ctx, s.rdb); err != nil {
+		return nil, fmt.Errorf("loading scripts: %w", err)
+	}
+
+	var boot [8]byte
+	_, _ = rand.Read(boot[:])
+	s.routes = route.New(s.rdb, cfg.RedisPrefix, s.cfg.GatewayID, hex.EncodeToString(boot[:]), cfg.GatewayLease)
+	if err = s.routes.RenewLease(ctx); err != nil {
+		return nil, fmt.Errorf("gateway lease: %w", err)
+	}
+	s.bus = fanout.NewBus(s.rdb, cfg.RedisPrefix, s.cfg.GatewayID)
+	seqs := seq.New(s.rdb, cfg.RedisPrefix, s.st.Head)
+	s.cursors = cursor.New(s.st, s.rdb, cfg.RedisPrefix, log, cfg.CommitWorkers, cfg.CommitBatch)
+	// The gateway and fan-out refer to each other (fan-out delivers to the
+	// gateway; the gateway's requests feed the log that feeds fan-out).
+	var fan *fanout.Fanout
+	s.events = eventlog.New(s.st, seqs, eventlog.Config{HoleTimeout: cfg.HoleTimeout, CommitBatch: cfg.CommitBatch, CommitWorkers: cfg.CommitWorkers},
+		log, func(evs []eventlog.Committed) { fan.Enqueue(evs) })
+	s.gw = conn.New(s.cfg, conn.Deps{Store: s.st, Log: s.events, Cursors: s.cursors, Routes: s.routes, Bus: s.bus}, log, s.reg)
+	fan = fanout.New(s.st, s.routes, s.bus, s.gw, log, 2)
+	s.fan = fan
+	if s.ps, err = s.bus.Subscribe(ctx); err != nil {
+		return nil, err
+	}
+
+	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if s.adminLn, err = net.Listen("tcp", cfg.AdminListen); err != nil {
+		return nil, fmt.Errorf("admin_listen: %w", err)
+	}
+	if cfg.MetricsListen != "" {
+		if s.metrLn, err = net.Listen("tcp", cfg.MetricsListen); err != nil {
+			s.adminLn.Close()
+			return nil, fmt.Errorf("metrics_listen: %w", err)
+		}
+	}
+	return s, nil
+}
+
+// Config is the effective configuration (with generated values filled in).
+func (s *Server) Config() config.Config { return s.cfg }
+
+// AdminAddr is the admin API's bound address.
+func (s *Server) AdminAddr() string { return s.adminLn.Addr().String() }
+
+// MetricsAddr is the metrics listener's bound address ("" if disabled).
+func (s *Server) MetricsAddr() string {
+	if s.metrLn == nil {
+		return ""
+	}
+	return s.metrLn.Addr().String()
+}
+
+// Start serves the gateway, the admin API and metrics, and keeps the
+// gateway's lease. It returns once the gateway accepts connections.
+func (s *Server) Start(ctx context.Context) error {
+	s.goroutine(func() { s.gwErr <- s.gw.Run() })
+	s.goroutine(func() { fanout.Serve(s.ps, s.gw, s.gw.Kick) })
+	s.goroutine(s.keepLease)
+
+	mode := func(n int64) string { return fanout.Mode(n, s.cfg.WriteFanoutMax, s.cfg.OnlineFanoutMax) }
+	s.serveHTTP(s.adminLn, admin.New(s.cfg.AdminToken, s.st, s.events, s.cursors, mode, s.log))
+	if s.metrLn != nil {
+		s.serveHTTP(s.metrLn, s.metricsMux())
+	}
+	select {
+	case <-s.gw.Booted():
+		return nil
+	case err := <-s.gwErr:
+		return fmt.Errorf("gateway: %w", err)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (s *Server) serveHTTP(ln net.Listener, h http.Handler) {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	s.httpServers = append(s.httpServers, srv)
+	s.goroutine(func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.log.Error("http server", "addr", ln.Addr().String(), "err", err)
+		}
+	})
+}
+
+func (s *Server) metricsMux() *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{Registry: s.reg}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		if err := s.Ready(ctx); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ready\n"))
+	})
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	return mux
+}
+
+// Ready reports whether the gateway accepts connections and both stores
+// answer.
+func (s *Server) Ready(ctx context.Context) error {
+	select {
+	case <-s.gw.Booted():
+	default:
+		return errors.New("gateway not listening yet")
+	}
+	if err := s.st.Ping(ctx); err != nil {
+		return fmt.Errorf("postgres: %w", err)
+	}
+	if err := s.rdb.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("redis: %w", err)
+	}
+	return nil
+}
+
+// keepLease renews the gateway's lease every gateway_lease/3.
+func (s *Server) keepLease() {
+	t := time.NewTicker(s.cfg.GatewayLease / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+			ctx, cancel := context.WithTimeout(context.Background(), s.cfg.GatewayLease/3)
+			lost, err := s.routes.RenewLeaseCheck(ctx)
+			if err != nil {
+				s.log.Warn("renewing gateway lease", "err", err)
+			} else if lost {
+				// Redis lost the lease (flushed, restarted empty): it lost our
+				// routing entries too. Re-register every connection with its
+				// own token, so a newer connection elsewhere still wins.
+				s.gw.Reregister(ctx)
+			}
+			cancel()
+		}
+	}
+}
+
+func (s *Server) goroutine(f func()) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		f()
+	}()
+}
+
+// Shutdown stops accepting, kicks clients ("shutdown"), finishes queued
+// commits and fan-out, and closes the stores. Safe to call twice.
+func (s *Server) Shutdown(ctx context.Context) error {
+	var err error
+	s.once.Do(func() {
+		close(s.stop)
+		err = s.gw.Shutdown(ctx)
+		for _, srv := range s.httpServers {
+			_ = srv.Shutdown(ctx)
+		}
+		s.events.Close()
+		s.cursors.Close()
+		s.fan.Close()
+		_ = s.ps.Close()
+		dctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_ = s.routes.DropLease(dctx)
+		cancel()
+		s.wg.Wait()
+		s.closeStores()
+	})
+	return err
+}
+
+func (s *Server) closeStores() {
+	if s.rdb != nil {
+		_ = s.rdb.Close()
+	}
+	if s.st != nil {
+		s.st.Close()
+	}
+}

@@ -1,0 +1,245 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Conversation is a conversation row plus its derived head.
+type Conversation struct {
+	ID      string
+	Kind    string // "group" or "direct"
+	Title   string
+	Epoch   int64
+	MinSeq  int64
+	Members int64 // current member count
+	Head    int64
+}
+
+// MembershipChange is one conv_create, members_add or leave/removal. The
+// caller allocates Seq (the join/leave event's seq); ErrSeqTaken asks it to
+// allocate another and retry.
+type MembershipChange struct {
+	Conv  string
+	Actor string // user who made the change; "" for the admin API
+	Seq   int64
+	Ts    int64
+}
+
+// CreateConversation creates conversation id with members (the actor, if
+// any, must be among them) and appends their join event at ch.Seq. It
+// returns ErrExists if id is taken, ErrUnknownUser if a member is not a user.
+func (s *Store) CreateConversation(ctx context.Context, ch MembershipChange, kind, title string, members []string) error {
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, `INSERT INTO conversations (conv_id, kind, title, member_count) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING`,
+			ch.Conv, kind, title, len(members))
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			return ErrExists
+		}
+		if missing, err := missingUserTx(ctx, tx, members); err != nil {
+			return err
+		} else if missing != "" {
+			return fmt.Errorf("%w: %s", ErrUnknownUser, missing)
+		}
+		if err := insertMembershipEvent(ctx, tx, ch, KindJoin, members); err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `INSERT INTO membership_periods (conv_id, user_id, from_seq) SELECT $1, u, $2 FROM unnest($3::text[]) u`,
+			ch.Conv, ch.Seq, members)
+		return err
+	})
+}
+
+// AddMembers adds users to the conversation and appends one join event
+// listing those that were not members yet. If all of them already are,
+// nothing is appended and ch.Seq is recorded as a hole. It returns the
+// users actually added. The actor, if any,
+// must be a current member (ErrNotMember); an unknown conversation is
+// ErrNotFound, an unknown user ErrUnknownUser.
+func (s *Store) AddMembers(ctx context.Context, ch MembershipChange, users []string) (head int64, added []string, err error) {
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if err := lockConversation(ctx, tx, ch); err != nil {
+			return err
+		}
+		if missing, err := missingUserTx(ctx, tx, users); err != nil {
+			return err
+		} else if missing != "" {
+			return fmt.Errorf("%w: %s", ErrUnknownUser, missing)
+		}
+		rows, err := tx.Query(ctx, `SELECT DISTINCT u FROM unnest($2::text[]) u
+			WHERE NOT EXISTS (SELECT 1 FROM membership_periods m WHERE m.conv_id = $1 AND m.user_id = u AND m.to_seq IS NULL) ORDER BY u`,
+			ch.Conv, users)
+		if err != nil {
+			return err
+		}
+		added, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return err
+		}
+		if len(added) == 0 {
+			if err := insertHoles(ctx, tx, ch.Conv, []int64{ch.Seq}, ch.Ts); err != nil {
+				return err
+			}
+		} else {
+			if err := insertMembershipEvent(ctx, tx, ch, KindJoin, added); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO membership_periods (conv_id, user_id, from_seq) SELECT $1, u, $2 FROM unnest($3::text[]) u`,
+				ch.Conv, ch.Seq, added); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, `UPDATE conversations SET member_count = member_count + $2 WHERE conv_id = $1`, ch.Conv, len(added)); err != nil {
+				return err
+			}
+		}
+		return tx.QueryRow(ctx, `SELECT coalesce(max(seq), 0) FROM events WHERE conv_id = $1`, ch.Conv).Scan(&head)
+	})
+	if err != nil {
+		added = nil
+	}
+	return head, added, err
+}
+
+// RemoveMember closes user's current membership period at ch.Seq and
+// appends the leave event. ErrNotMember if user (or the actor, if any) is
+// not a current member; ErrNotFound for an unknown conversation.
+func (s *Store) RemoveMember(ctx context.Context, ch MembershipChange, user string) (head int64, err error) {
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if err := lockConversation(ctx, tx, ch); err != nil {
+			return err
+		}
+		tag, err := tx.Exec(ctx, `UPDATE membership_periods SET to_seq = $3 WHERE conv_id = $1 AND user_id = $2 AND to_seq IS NULL`,
+			ch.Conv, user, ch.Seq)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			return ErrNotMember
+		}
+		if err := insertMembershipEvent(ctx, tx, ch, KindLeave, []string{user}); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `UPDATE conversations SET member_count = member_count - 1 WHERE conv_id = $1`, ch.Conv); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, `SELECT coalesce(max(seq), 0) FROM events WHERE conv_id = $1`, ch.Conv).Scan(&head)
+	})
+	return head, err
+}
+
+// lockConversation takes the conversation's row lock (membership changes
+// of one conversation are serialized by it) and checks the actor.
+func lockConversation(ctx context.Context, tx pgx.Tx, ch MembershipChange) error {
+	var one int
+	err := tx.QueryRow(ctx, `SELECT 1 FROM conversations WHERE conv_id = $1 FOR UPDATE`, ch.Conv).Scan(&one)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ErrNotFound
+	}
+	if err != nil {
+		return err
+	}
+	if ch.Actor == "" {
+		return nil
+	}
+	var member bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM membership_periods WHERE conv_id = $1 AND user_id = $2 AND to_seq IS NULL)`,
+		ch.Conv, ch.Actor).Scan(&member); err != nil {
+		return err
+	}
+	if !member {
+		return ErrNotMember
+	}
+	return nil
+}
+
+func insertMembershipEvent(ctx context.Context, tx pgx.Tx, ch MembershipChange, kind Kind, users []string) error {
+	tag, err := tx.Exec(ctx, `INSERT INTO events (conv_id, seq, kind, sender, ts, users) VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING`,
+		ch.Conv, ch.Seq, kind, ch.Actor, ch.Ts, users)
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() == 0 {
+		return ErrSeqTaken
+	}
+	return nil
+}
+
+func missingUserTx(ctx context.Context, tx pgx.Tx, ids []string) (string, error) {
+	var missing string
+	err := tx.QueryRow(ctx, `SELECT u FROM unnest($1::text[]) u WHERE NOT EXISTS (SELECT 1 FROM users WHERE user_id = u) LIMIT 1`, ids).Scan(&missing)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", nil
+	}
+	return missing, err
+}
+
+// ConversationByID returns the conversation with its head, or ErrNotFound.
+func (s *Store) ConversationByID(ctx context.Context, id string) (Conversation, error) {
+	c := Conversation{ID: id}
+	err := s.pool.QueryRow(ctx, `SELECT kind, title, epoch, min_seq, member_count,
+		(SELECT coalesce(max(seq), 0) FROM events WHERE conv_id = $1) FROM conversations WHERE conv_id = $1`, id).
+		Scan(&c.Kind, &c.Title, &c.Epoch, &c.MinSeq, &c.Members, &c.Head)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return c, ErrNotFound
+	}
+	return c, err
+}
+
+// IsCurrentMember reports whether user is a member of conv now.
+func (s *Store) IsCurrentMember(ctx context.Context, conv, user string) (bool, error) {
+	var ok bool
+	err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM membership_periods WHERE conv_id = $1 AND user_id = $2 AND to_seq IS NULL)`,
+		conv, user).Scan(&ok)
+	return ok, err
+}
+
+// Head returns the conversation's highest committed seq, or ErrNotFound.
+func (s *Store) Head(ctx context.Context, conv string) (int64, error) {
+	var head int64
+	err := s.pool.QueryRow(ctx, `SELECT (SELECT coalesce(max(seq), 0) FROM events WHERE conv_id = $1) FROM conversations WHERE conv_id = $1`,
+		conv).Scan(&head)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, ErrNotFound
+	}
+	return head, err
+}
+
+// ConvSeq names one event.
+type ConvSeq struct {
+	Conv string
+	Seq  int64
+}
+
+// Recipients returns, for each event, the users whose membership periods
+// contain its seq (G1: nobody sees an event outside their periods).
+func (s *Store) Recipients(ctx context.Context, evs []ConvSeq) ([][]string, error) {
+	convs := make([]string, len(evs))
+	seqs := make([]int64, len(evs))
+	for i, e := range evs {
+		convs[i], seqs[i] = e.Conv, e.Seq
+	}
+	rows, err := s.pool.Query(ctx, `SELECT k.i, m.user_id
+		FROM unnest($1::text[], $2::bigint[]) WITH ORDINALITY AS k(conv, seq, i)
+		JOIN membership_periods m ON m.conv_id = k.conv AND m.from_seq <= k.seq AND (m.to_seq IS NULL OR m.to_seq >= k.seq)`,
+		convs, seqs)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := make([][]string, len(evs))
+	for rows.Next() {
+		var i int64
+		var u string
+		if err := rows.Scan(&i, &u); err != nil {
+			return nil, err
+		}
+		out[i-1] = append(out[i-1], u)
+	}
+	return out, rows.Err()
+}

@@ -1,0 +1,356 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"math"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Kind is an event's kind as stored (smallint).
+type Kind int16
+
+// Event kinds. KindHole marks a seq that will never hold an event.
+const (
+	KindHole   Kind = 0
+	KindMsg    Kind = 1
+	KindJoin   Kind = 2
+	KindLeave  Kind = 3
+	KindRecall Kind = 4
+)
+
+// String is the wire name of the kind.
+func (k Kind) String() string {
+	switch k {
+	case KindMsg:
+		return "msg"
+	case KindJoin:
+		return "join"
+	case KindLeave:
+		return "leave"
+	case KindRecall:
+		return "recall"
+	}
+	return "hole"
+}
+
+// Event is one committed event of a conversation.
+type Event struct {
+	Conv     string
+	Seq      int64
+	Kind     Kind
+	Sender   string
+	Cmid     string
+	Body     []byte
+	Ts       int64
+	Recalled bool
+	Target   int64
+	Users    []string
+}
+
+// NewMessage is a msg event to insert at a seq the caller allocated.
+type NewMessage struct {
+	Conv   string
+	Sender string
+	Cmid   string
+	Body   []byte
+	Seq    int64
+	Ts     int64
+}
+
+// InsertResult is what happened to one NewMessage.
+type InsertResult struct {
+	Seq int64 // the stored seq: the allocated one, or the original on Dup
+	Ts  int64
+	Dup bool  // (conv, sender, cmid) was stored before: nothing new stored
+	Err error // nil, ErrNotMember (sender is not a current member) or ErrSeqTaken
+}
+
+// InsertMessages stores msgs in one transaction (group commit). Per row:
+// inserted; a duplicate (conv, sender, cmid), answered with the original
+// seq; a sender who is not a current member; or a seq already taken (the
+// caller allocates a new one). The seqs of duplicates and non-members are
+// recorded as holes in the same transaction, so readers need not wait for
+// them. The returned error is for the whole batch (nothing committed).
+func (s *Store) InsertMessages(ctx context.Context, msgs []NewMessage) ([]InsertResult, error) {
+	var res []InsertResult
+	var err error
+	for attempt := 0; attempt < 3; attempt++ {
+		res, err = s.insertMessages(ctx, msgs)
+		if !isDeadlock(err) {
+			break
+		}
+	}
+	return res, err
+}
+
+func (s *Store) insertMessages(ctx context.Context, msgs []NewMessage) ([]InsertResult, error) {
+	n := len(msgs)
+	convs, senders, cmids := make([]string, n), make([]string, n), make([]string, n)
+	bodies := make([][]byte, n)
+	seqs, tss := make([]int64, n), make([]int64, n)
+	for i, m := range msgs {
+		convs[i], senders[i], cmids[i], bodies[i], seqs[i], tss[i] = m.Conv, m.Sender, m.Cmid, m.Body, m.Seq, m.Ts
+	}
+	res := make([]InsertResult, n)
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, `INSERT INTO events (conv_id, seq, kind, sender, cmid, body, ts)
+			SELECT u.conv, u.seq, 1, u.sender, u.cmid, u.body, u.ts
+			FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::bytea[], $6::bigint[]) AS u(conv, seq, sender, cmid, body, ts)
+			WHERE EXISTS (SELECT 1 FROM membership_periods m WHERE m.conv_id = u.conv AND m.user_id = u.sender AND m.to_seq IS NULL)
+			ON CONFLICT DO NOTHING
+			RETURNING conv_id, seq`, convs, seqs, senders, cmids, bodies, tss)
+		if err != nil {
+			return err
+		}
+		inserted := make(map[ConvSeq]bool, n)
+		for rows.Next() {
+			var k ConvSeq
+			if err := rows.Scan(&k.Conv, &k.Seq); err != nil {
+				return err
+			}
+			inserted[k] = true
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		var missing []int
+		for i := range msgs {
+			res[i] = InsertResult{Seq: seqs[i], Ts: tss[i]}
+			if !inserted[ConvSeq{convs[i], seqs[i]}] {
+				missing = append(missing, i)
+			}
+		}
+		if len(missing) == 0 {
+			return nil
+		}
+		return resolveMissing(ctx, tx, msgs, missing, res)
+	})
+	return res, err
+}
+
+// resolveMissing explains rows that InsertMessages did not insert.
+func resolveMissing(ctx context.Context, tx pgx.Tx, msgs []NewMessage, missing []int, res []InsertResult) error {
+	idx := make([]int64, len(missing))
+	convs, senders, cmids := make([]string, len(missing)), make([]string, len(missing)), make([]string, len(missing))
+	for j, i := range missing {
+		idx[j], convs[j], senders[j], cmids[j] = int64(i), msgs[i].Conv, msgs[i].Sender, msgs[i].Cmid
+	}
+	rows, err := tx.Query(ctx, `SELECT u.i, e.seq, e.ts,
+			EXISTS (SELECT 1 FROM membership_periods m WHERE m.conv_id = u.conv AND m.user_id = u.sender AND m.to_seq IS NULL)
+		FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[]) AS u(i, conv, sender, cmid)
+		LEFT JOIN events e ON e.conv_id = u.conv AND e.sender = u.sender AND e.cmid = u.cmid`, idx, convs, senders, cmids)
+	if err != nil {
+		return err
+	}
+	holes := map[string][]int64{}
+	for rows.Next() {
+		var i int64
+		var seq, ts *int64
+		var member bool
+		if err := rows.Scan(&i, &seq, &ts, &member); err != nil {
+			return err
+		}
+		m := msgs[i]
+		switch {
+		case seq != nil && *seq != m.Seq:
+			res[i] = InsertResult{Seq: *seq, Ts: *ts, Dup: true}
+			holes[m.Conv] = append(holes[m.Conv], m.Seq)
+		case seq != nil: // inserted by this very statement under another row's key: cannot happen, but is not an error
+		case !member:
+			res[i].Err = ErrNotMember
+			holes[m.Conv] = append(holes[m.Conv], m.Seq)
+		default:
+			res[i].Err = ErrSeqTaken
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for conv, seqs := range holes {
+		if err := insertHoles(ctx, tx, conv, seqs, msgs[0].Ts); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// InsertHoles records seqs of conv as holes: seqs that will never hold an
+// event. A seq that already holds a row (an event, or a hole) is left as it
+// is; a concurrent insert of that seq waits for this and then fails, so the
+// unique key decides who owns a seq (docs/consistency.md).
+func (s *Store) InsertHoles(ctx context.Context, conv string, seqs []int64, ts int64) error {
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error { return insertHoles(ctx, tx, conv, seqs, ts) })
+}
+
+func insertHoles(ctx context.Context, tx pgx.Tx, conv string, seqs []int64, ts int64) error {
+	_, err := tx.Exec(ctx, `INSERT INTO events (conv_id, seq, kind, ts) SELECT $1, s, 0, $3 FROM unnest($2::bigint[]) s ON CONFLICT DO NOTHING`,
+		conv, seqs, ts)
+	return err
+}
+
+// Page is one sync page read from a single snapshot.
+type Page struct {
+	Epoch, MinSeq, Head int64
+	// Upto is the highest seq the page covers: every seq in (after, Upto]
+	// holds a committed row, so none of them can gain an event later.
+	Upto   int64
+	Events []Event
+	// Gap is the first seq above Upto (and at most Head) that holds no row
+	// yet: allocated to a send that is in flight, or that failed. 0: none.
+	Gap int64
+	// GapAfterTs is the ts of the first row above Gap; a gap older than the
+	// hole timeout is made a hole by the caller.
+	GapAfterTs int64
+}
+
+// ReadPage returns user's visible events of conv with seq > after, at most
+// limit of them, and how far the page reaches. Invisible seqs (outside the
+// user's membership periods, and holes) are covered without being
+// returned. ErrNotMember if the user was never a member (or conv does not
+// exist). The caller checks after <= Head.
+func (s *Store) ReadPage(ctx context.Context, conv, user string, after int64, limit int) (Page, error) {
+	var p Page
+	err := s.readTx(ctx, func(tx pgx.Tx) error {
+		periods, err := periodsTx(ctx, tx, conv, user)
+		if err != nil {
+			return err
+		}
+		if err := tx.QueryRow(ctx, `SELECT epoch, min_seq, (SELECT coalesce(max(seq), 0) FROM events WHERE conv_id = $1)
+			FROM conversations WHERE conv_id = $1`, conv).Scan(&p.Epoch, &p.MinSeq, &p.Head); err != nil {
+			return err
+		}
+		p.Upto = after
+		if after >= p.Head {
+			return nil
+		}
+		return readRanges(ctx, tx, conv, periods, limit, &p)
+	})
+	return p, err
+}
+
+// Period is a membership period [From, To]; To is math.MaxInt64 while open.
+type Period struct{ From, To int64 }
+
+func periodsTx(ctx context.Context, tx pgx.Tx, conv, user string) ([]Period, error) {
+	rows, err := tx.Query(ctx, `SELECT from_seq, coalesce(to_seq, $3) FROM membership_periods WHERE conv_id = $1 AND user_id = $2 ORDER BY from_seq`,
+		conv, user, int64(math.MaxInt64))
+	if err != nil {
+		return nil, err
+	}
+	ps, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Period, error) {
+		var p Period
+		return p, r.Scan(&p.From, &p.To)
+	})
+	if err != nil {
+		return nil, err
+	}
+	if len(ps) == 0 {
+		return nil, ErrNotMember
+	}
+	return ps, nil
+}
+
+// readRanges walks (p.Upto, p.Head]: visible ranges are read row by row,
+// invisible ones only checked for contiguity. It stops at the first seq
+// without a row, or when limit visible events are collected.
+func readRanges(ctx context.Context, tx pgx.Tx, conv string, periods []Period, limit int, p *Page) error {
+	pos := p.Upto
+	for pos < p.Head && len(p.Events) < limit {
+		var next *Period
+		for i := range periods {
+			if periods[i].To > pos {
+				next = &periods[i]
+				break
+			}
+		}
+		if next == nil || next.From > pos+1 {
+			end := p.Head
+			if next != nil {
+				end = min(next.From-1, p.Head)
+			}
+			gap, err := firstGap(ctx, tx, conv, pos+1, end)
+			if err != nil {
+				return err
+			}
+			if gap != 0 {
+				return p.stopAt(ctx, tx, conv, gap)
+			}
+			pos = end
+			continue
+		}
+		end := min(next.To, p.Head)
+		want := limit - len(p.Events)
+		rows, err := tx.Query(ctx, `SELECT seq, kind, sender, coalesce(cmid, ''), coalesce(body, ''::bytea), ts, recalled_by IS NOT NULL, coalesce(target, 0), users
+			FROM events WHERE conv_id = $1 AND seq > $2 AND seq <= $3 ORDER BY seq LIMIT $4`, conv, pos, end, want)
+		if err != nil {
+			return err
+		}
+		got := 0
+		gap := int64(0)
+		for rows.Next() {
+			e := Event{Conv: conv}
+			if err := rows.Scan(&e.Seq, &e.Kind, &e.Sender, &e.Cmid, &e.Body, &e.Ts, &e.Recalled, &e.Target, &e.Users); err != nil {
+				rows.Close()
+				return err
+			}
+			got++
+			if e.Seq != pos+1 {
+				gap = pos + 1
+				break
+			}
+			pos = e.Seq
+			if e.Kind != KindHole {
+				if e.Recalled {
+					e.Body = nil
+				}
+				p.Events = append(p.Events, e)
+			}
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		if gap == 0 && got < want && pos < end {
+			gap = pos + 1
+		}
+		if gap != 0 {
+			p.Upto = pos
+			return p.stopAt(ctx, tx, conv, gap)
+		}
+	}
+	p.Upto = pos
+	return nil
+}
+
+// stopAt ends the page just below gap and records how old the gap is.
+func (p *Page) stopAt(ctx context.Context, tx pgx.Tx, conv string, gap int64) error {
+	p.Upto = gap - 1
+	p.Gap = gap
+	return tx.QueryRow(ctx, `SELECT ts FROM events WHERE conv_id = $1 AND seq > $2 ORDER BY seq LIMIT 1`, conv, gap).Scan(&p.GapAfterTs)
+}
+
+// firstGap returns the first seq in [from, to] without a row, or 0.
+func firstGap(ctx context.Context, tx pgx.Tx, conv string, from, to int64) (int64, error) {
+	if from > to {
+		return 0, nil
+	}
+	var n int64
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM events WHERE conv_id = $1 AND seq BETWEEN $2 AND $3`, conv, from, to).Scan(&n); err != nil {
+		return 0, err
+	}
+	if n == to-from+1 {
+		return 0, nil
+	}
+	var gap int64
+	err := tx.QueryRow(ctx, `SELECT s FROM generate_series($2::bigint, $3::bigint) s
+		WHERE NOT EXISTS (SELECT 1 FROM events WHERE conv_id = $1 AND seq = s) ORDER BY s LIMIT 1`, conv, from, to).Scan(&gap)
+	return gap, err
+}
+
+func isDeadlock(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "40P01" || pgErr.Code == "40001")
+}

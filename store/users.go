@@ -1,0 +1,90 @@
+package store
+
+import (
+	"context"
+	"errors"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Device is a device row as the gateway needs it at auth.
+type Device struct {
+	ID           string
+	User         string
+	TokenSHA256  []byte
+	InstallEpoch int64
+}
+
+// CreateUsers inserts users in one transaction (COPY). Any id that exists
+// already fails the whole call with ErrExists.
+func (s *Store) CreateUsers(ctx context.Context, ids []string) error {
+	rows := make([][]any, len(ids))
+	for i, id := range ids {
+		rows[i] = []any{id}
+	}
+	_, err := s.pool.CopyFrom(ctx, pgx.Identifier{"users"}, []string{"user_id"}, pgx.CopyFromRows(rows))
+	if isUniqueViolation(err) {
+		return ErrExists
+	}
+	return err
+}
+
+// CreateDevices inserts devices (COPY) whose users must exist. Any id that
+// exists already fails the whole call with ErrExists; an unknown user with
+// ErrNotFound.
+func (s *Store) CreateDevices(ctx context.Context, devs []Device) error {
+	rows := make([][]any, len(devs))
+	for i, d := range devs {
+		rows[i] = []any{d.ID, d.User, d.TokenSHA256}
+	}
+	_, err := s.pool.CopyFrom(ctx, pgx.Identifier{"devices"}, []string{"device_id", "user_id", "token_sha256"}, pgx.CopyFromRows(rows))
+	switch {
+	case isUniqueViolation(err):
+		return ErrExists
+	case isForeignKeyViolation(err):
+		return ErrNotFound
+	}
+	return err
+}
+
+// DeviceByID returns the device row, or ErrNotFound.
+func (s *Store) DeviceByID(ctx context.Context, id string) (Device, error) {
+	d := Device{ID: id}
+	err := s.pool.QueryRow(ctx, `SELECT user_id, token_sha256, install_epoch FROM devices WHERE device_id = $1`, id).
+		Scan(&d.User, &d.TokenSHA256, &d.InstallEpoch)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return d, ErrNotFound
+	}
+	return d, err
+}
+
+// UserExists reports whether every id is a user; it returns the first
+// unknown one.
+func (s *Store) MissingUser(ctx context.Context, ids []string) (string, error) {
+	var missing string
+	err := s.pool.QueryRow(ctx, `SELECT u FROM unnest($1::text[]) u WHERE NOT EXISTS (SELECT 1 FROM users WHERE user_id = u) LIMIT 1`, ids).Scan(&missing)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", nil
+	}
+	return missing, err
+}
+
+// Reinstall starts a new install of the device: install_epoch + 1 and its
+// delivery cursors deleted, in one transaction. Read positions (per user)
+// are untouched. Acks still in flight from the old install lock the device
+// row FOR SHARE, so they either finish before this or see the new epoch.
+func (s *Store) Reinstall(ctx context.Context, id string) (int64, error) {
+	var epoch int64
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		err := tx.QueryRow(ctx, `UPDATE devices SET install_epoch = install_epoch + 1 WHERE device_id = $1 RETURNING install_epoch`, id).Scan(&epoch)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return ErrNotFound
+		}
+		if err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `DELETE FROM device_cursors WHERE device_id = $1`, id)
+		return err
+	})
+	return epoch, err
+}

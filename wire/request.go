@@ -1,0 +1,608 @@
+package wire
+
+import (
+	"fmt"
+	"math/bits"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// Request is every client→server frame, decoded. Fields absent in the frame
+// are zero; Has tells which keys were present (a key whose value is msgpack
+// nil counts as absent).
+type Request struct {
+	T, Rid        string
+	Device, Token string // auth
+	Conv          string
+	Cmid          string
+	Kind          string // conv_create: "group" or "direct"
+	Title         string
+	Cursor        string
+	Body          []byte // owns its memory (copied out of the input)
+	Seq           int64
+	After         int64
+	Limit         int64
+	Members       []string    // conv_create
+	Users         []string    // members_add
+	Convs         []ConvAfter // snapshot
+	MentionAll    bool
+	Has           Field // bit set of keys present
+}
+
+// ConvAfter is one element of snapshot.convs.
+type ConvAfter struct {
+	Conv  string `msgpack:"conv"`
+	After int64  `msgpack:"after"`
+}
+
+// Field is a bit set of Request fields (one bit per key).
+type Field uint32
+
+// The Request fields, one bit each.
+const (
+	FRid Field = 1 << iota
+	FDevice
+	FToken
+	FConv
+	FCmid
+	FKind
+	FTitle
+	FCursor
+	FBody
+	FSeq
+	FAfter
+	FLimit
+	FMembers
+	FUsers
+	FConvs
+	FMentionAll
+)
+
+var fieldNames = [...]string{
+	"rid", "device", "token", "conv", "cmid", "kind", "title", "cursor",
+	"body", "seq", "after", "limit", "members", "users", "convs", "mention_all",
+}
+
+// String returns the wire names of the fields in f, separated by '|'.
+func (f Field) String() string {
+	s := ""
+	for f != 0 {
+		i := bits.TrailingZeros32(uint32(f))
+		f &^= 1 << i
+		if s != "" {
+			s += "|"
+		}
+		if i < len(fieldNames) {
+			s += fieldNames[i]
+		} else {
+			s += fmt.Sprintf("bit%d", i)
+		}
+	}
+	return s
+}
+
+// fieldSpec tells, for a request type, which fields it requires and which it
+// may carry.
+type fieldSpec struct{ req, opt Field }
+
+func specOf(t string) (fieldSpec, bool) {
+	switch t {
+	case TAuth:
+		return fieldSpec{FDevice | FToken, FRid}, true
+	case TPing:
+		return fieldSpec{0, FRid}, true
+	case TConvCreate:
+		return fieldSpec{FKind | FMembers, FRid | FConv | FTitle}, true
+	case TMembersAdd:
+		return fieldSpec{FConv | FUsers, FRid}, true
+	case TLeave:
+		return fieldSpec{FConv, FRid}, true
+	case TSend:
+		return fieldSpec{FConv | FCmid | FBody, FRid | FMentionAll}, true
+	case TSync:
+		// after defaults to 0 when absent, but is always written.
+		return fieldSpec{FConv, FRid | FAfter | FLimit}, true
+	case TAck, TRead, TRecall:
+		return fieldSpec{FConv | FSeq, FRid}, true
+	case TConvs:
+		return fieldSpec{0, FRid | FLimit | FCursor}, true
+	case TSnapshot:
+		return fieldSpec{FConvs, FRid}, true
+	}
+	return fieldSpec{}, false
+}
+
+// requestType returns the constant for a client request type name (so
+// decoding `t` never allocates), or "" if name is not one.
+func requestType(name []byte) string {
+	switch string(name) {
+	case TAuth:
+		return TAuth
+	case TPing:
+		return TPing
+	case TConvCreate:
+		return TConvCreate
+	case TMembersAdd:
+		return TMembersAdd
+	case TLeave:
+		return TLeave
+	case TSend:
+		return TSend
+	case TSync:
+		return TSync
+	case TAck:
+		return TAck
+	case TRead:
+		return TRead
+	case TConvs:
+		return TConvs
+	case TSnapshot:
+		return TSnapshot
+	case TRecall:
+		return TRecall
+	}
+	return ""
+}
+
+// prealloc caps slice preallocation from a claimed element count.
+const prealloc = 64
+
+func wrongType(field string, cl uint8) *Error {
+	return &Error{Code: BadRequest, Msg: field + ": wrong type (" + classNames[cl] + ")"}
+}
+
+// DecodeRequest decodes one frame body (without the length prefix) from an
+// untrusted client. It never panics, never allocates more than a small
+// multiple of len(b), and returns an *Error:
+//
+//   - BAD_FRAME: undecodable msgpack (truncated, invalid, trailing bytes,
+//     nesting deeper than 32), not a map, a non-string key, `t` missing / not
+//     a string / not a client request type.
+//   - BAD_REQUEST: a known field of the wrong type, a negative or out-of-range
+//     seq/after/limit, a missing or empty required field (auth: device, token;
+//     conv_create: kind ("group"|"direct"), members; members_add: conv, users;
+//     leave: conv; send: conv, cmid, body; sync: conv; ack, read, recall: conv,
+//     seq; snapshot: convs with a conv in every element). Msg names the field.
+//
+// On error the returned Request carries T (when it is a valid type) and Rid
+// (when it decoded as a string), so the error reply can echo rid. Unknown
+// keys are skipped; a nil value counts as absent; `body` may be bin or str
+// and is copied; integers may have any msgpack width.
+func DecodeRequest(b []byte) (Request, error) {
+	var q Request
+	if err := q.decode(b); err != nil {
+		return Request{T: q.T, Rid: q.Rid, Has: q.Has & FRid}, err
+	}
+	return q, nil
+}
+
+func (q *Request) decode(b []byte) *Error {
+	r := reader{b: b}
+	if r.peek() != clMap {
+		if len(b) == 0 {
+			return errTruncated
+		}
+		return &Error{Code: BadFrame, Msg: "frame is not a map (" + classNames[r.peek()] + ")"}
+	}
+	n, err := r.mapLen()
+	if err != nil {
+		return err
+	}
+	var (
+		fieldErr *Error // first BAD_REQUEST found; reported only if t is valid
+		tRaw     []byte
+		tSeen    bool
+		tClass   uint8
+	)
+	for ; n > 0; n-- {
+		if r.peek() != clStr {
+			if r.off >= len(b) {
+				return errTruncated
+			}
+			return &Error{Code: BadFrame, Msg: "map key is not a string (" + classNames[r.peek()] + ")"}
+		}
+		key, err := r.raw()
+		if err != nil {
+			return err
+		}
+		cl := r.peek()
+		if cl == clInvalid {
+			if r.off >= len(b) {
+				return errTruncated
+			}
+			return errInvalid
+		}
+		if cl == clNil {
+			// nil counts as absent
+			r.off++
+			continue
+		}
+		if string(key) == "t" {
+			tSeen, tClass = true, cl
+			if cl == clStr {
+				if tRaw, err = r.raw(); err != nil {
+					return err
+				}
+				continue
+			}
+			if err := r.skip(2); err != nil {
+				return err
+			}
+			continue
+		}
+		start := r.off
+		ferr := q.field(&r, key, cl)
+		if ferr == nil {
+			continue
+		}
+		if ferr.Code == BadFrame {
+			return ferr
+		}
+		// A known field of the wrong type: remember the first such error and
+		// skip the whole value, so that a bad `t` later still wins.
+		if fieldErr == nil {
+			fieldErr = ferr
+		}
+		r.off = start
+		if err := r.skip(2); err != nil {
+			return err
+		}
+	}
+	if r.off != len(b) {
+		return &Error{Code: BadFrame, Msg: "trailing bytes after the map"}
+	}
+	if !tSeen {
+		return &Error{Code: BadFrame, Msg: "t: missing"}
+	}
+	if tClass != clStr {
+		return &Error{Code: BadFrame, Msg: "t: not a string (" + classNames[tClass] + ")"}
+	}
+	q.T = requestType(tRaw)
+	if q.T == "" {
+		return &Error{Code: BadFrame, Msg: fmt.Sprintf("t: unknown frame type %.40q", tRaw)}
+	}
+	if fieldErr != nil {
+		return fieldErr
+	}
+	spec, _ := specOf(q.T)
+	if missing := spec.req &^ q.Has; missing != 0 {
+		i := bits.TrailingZeros32(uint32(missing))
+		return &Error{Code: BadRequest, Msg: fieldNames[i] + ": missing"}
+	}
+	switch q.T {
+	case TAuth:
+		if q.Device == "" {
+			return &Error{Code: BadRequest, Msg: "device: empty"}
+		}
+	case TConvCreate:
+		if q.Kind != ConvGroup && q.Kind != ConvDirect {
+			return &Error{Code: BadRequest, Msg: `kind: must be "group" or "direct"`}
+		}
+	case TSend:
+		if q.Cmid == "" {
+			return &Error{Code: BadRequest, Msg: "cmid: empty"}
+		}
+	}
+	if spec.req&FConv != 0 && q.Conv == "" {
+		return &Error{Code: BadRequest, Msg: "conv: empty"}
+	}
+	return nil
+}
+
+// field decodes the value of one known key (cl is its class, never nil).
+// It returns nil, a BAD_REQUEST (wrong type: the caller skips the value), or
+// a BAD_FRAME (structural: decoding stops).
+func (q *Request) field(r *reader, key []byte, cl uint8) *Error {
+	switch string(key) {
+	case "rid":
+		return q.str(r, cl, FRid, &q.Rid)
+	case "device":
+		return q.str(r, cl, FDevice, &q.Device)
+	case "token":
+		return q.str(r, cl, FToken, &q.Token)
+	case "conv":
+		return q.str(r, cl, FConv, &q.Conv)
+	case "cmid":
+		return q.str(r, cl, FCmid, &q.Cmid)
+	case "kind":
+		if cl == clStr {
+			p, err := r.raw()
+			if err != nil {
+				return err
+			}
+			switch string(p) { // intern the valid values
+			case ConvGroup:
+				q.Kind = ConvGroup
+			case ConvDirect:
+				q.Kind = ConvDirect
+			default:
+				q.Kind = string(p)
+			}
+			q.Has |= FKind
+			return nil
+		}
+		return wrongType("kind", cl)
+	case "title":
+		return q.str(r, cl, FTitle, &q.Title)
+	case "cursor":
+		return q.str(r, cl, FCursor, &q.Cursor)
+	case "body":
+		if cl == clBin || cl == clStr {
+			p, err := r.raw()
+			if err != nil {
+				return err
+			}
+			q.Body = append(make([]byte, 0, len(p)), p...)
+			q.Has |= FBody
+			return nil
+		}
+		return wrongType("body", cl)
+	case "seq":
+		return q.nonNeg(r, cl, FSeq, &q.Seq)
+	case "after":
+		return q.nonNeg(r, cl, FAfter, &q.After)
+	case "limit":
+		return q.nonNeg(r, cl, FLimit, &q.Limit)
+	case "members":
+		return q.strs(r, cl, FMembers, &q.Members)
+	case "users":
+		return q.strs(r, cl, FUsers, &q.Users)
+	case "convs":
+		return q.convs(r, cl)
+	case "mention_all":
+		if cl != clBool {
+			return wrongType("mention_all", cl)
+		}
+		q.MentionAll = r.b[r.off] == 0xc3
+		r.off++
+		q.Has |= FMentionAll
+		return nil
+	}
+	return r.skip(2)
+}
+
+func fieldName(f Field) string { return fieldNames[bits.TrailingZeros32(uint32(f))] }
+
+func (q *Request) str(r *reader, cl uint8, f Field, dst *string) *Error {
+	if cl != clStr {
+		return wrongType(fieldName(f), cl)
+	}
+	p, err := r.raw()
+	if err != nil {
+		return err
+	}
+	*dst = string(p)
+	q.Has |= f
+	return nil
+}
+
+func (q *Request) nonNeg(r *reader, cl uint8, f Field, dst *int64) *Error {
+	if cl != clInt {
+		return wrongType(fieldName(f), cl)
+	}
+	v, ok, err := r.int()
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return &Error{Code: BadRequest, Msg: fieldName(f) + ": out of range"}
+	}
+	if v < 0 {
+		return &Error{Code: BadRequest, Msg: fieldName(f) + ": negative"}
+	}
+	*dst = v
+	q.Has |= f
+	return nil
+}
+
+func (q *Request) strs(r *reader, cl uint8, f Field, dst *[]string) *Error {
+	if cl != clArray {
+		return wrongType(fieldName(f), cl)
+	}
+	n, err := r.arrayLen()
+	if err != nil {
+		return err
+	}
+	out := make([]string, 0, min(n, prealloc))
+	for i := 0; i < n; i++ {
+		if ecl := r.peek(); ecl != clStr {
+			return wrongType(fmt.Sprintf("%s[%d]", fieldName(f), i), ecl)
+		}
+		p, err := r.raw()
+		if err != nil {
+			return err
+		}
+		out = append(out, string(p))
+	}
+	*dst = out
+	q.Has |= f
+	return nil
+}
+
+func (q *Request) convs(r *reader, cl uint8) *Error {
+	if cl != clArray {
+		return wrongType("convs", cl)
+	}
+	n, err := r.arrayLen()
+	if err != nil {
+		return err
+	}
+	out := make([]ConvAfter, 0, min(n, prealloc))
+	for i := 0; i < n; i++ {
+		if ecl := r.peek(); ecl != clMap {
+			return wrongType(fmt.Sprintf("convs[%d]", i), ecl)
+		}
+		m, err := r.mapLen()
+		if err != nil {
+			return err
+		}
+		var ca ConvAfter
+		hasConv := false
+		for ; m > 0; m-- {
+			if kcl := r.peek(); kcl != clStr {
+				return wrongType(fmt.Sprintf("convs[%d] key", i), kcl)
+			}
+			k, err := r.raw()
+			if err != nil {
+				return err
+			}
+			vcl := r.peek()
+			switch {
+			case vcl == clNil:
+				r.off++
+			case string(k) == "conv":
+				if vcl != clStr {
+					return wrongType(fmt.Sprintf("convs[%d].conv", i), vcl)
+				}
+				p, err := r.raw()
+				if err != nil {
+					return err
+				}
+				ca.Conv = string(p)
+				hasConv = true
+			case string(k) == "after":
+				if vcl != clInt {
+					return wrongType(fmt.Sprintf("convs[%d].after", i), vcl)
+				}
+				v, ok, err := r.int()
+				if err != nil {
+					return err
+				}
+				if !ok || v < 0 {
+					return &Error{Code: BadRequest, Msg: fmt.Sprintf("convs[%d].after: negative or out of range", i)}
+				}
+				ca.After = v
+			default:
+				if err := r.skip(4); err != nil {
+					return err
+				}
+			}
+		}
+		if !hasConv || ca.Conv == "" {
+			return &Error{Code: BadRequest, Msg: fmt.Sprintf("convs[%d].conv: missing", i)}
+		}
+		out = append(out, ca)
+	}
+	q.Convs = out
+	q.Has |= FConvs
+	return nil
+}
+
+// ---- encoding (client side) ----
+
+// present returns the fields of q that are set: non-zero, or marked in Has.
+func (q *Request) present() Field {
+	f := q.Has
+	set := func(c bool, b Field) {
+		if c {
+			f |= b
+		}
+	}
+	set(q.Rid != "", FRid)
+	set(q.Device != "", FDevice)
+	set(q.Token != "", FToken)
+	set(q.Conv != "", FConv)
+	set(q.Cmid != "", FCmid)
+	set(q.Kind != "", FKind)
+	set(q.Title != "", FTitle)
+	set(q.Cursor != "", FCursor)
+	set(q.Body != nil, FBody)
+	set(q.Seq != 0, FSeq)
+	set(q.After != 0, FAfter)
+	set(q.Limit != 0, FLimit)
+	set(q.Members != nil, FMembers)
+	set(q.Users != nil, FUsers)
+	set(q.Convs != nil, FConvs)
+	set(q.MentionAll, FMentionAll)
+	return f
+}
+
+// Fields returns the keys AppendFrame writes for q besides `t`: the fields
+// its type requires (always, even when zero; sync always gets `after`), plus
+// the optional ones that are set (non-zero or marked in Has). For a type
+// that is not a client request type, every set field is written.
+func (q *Request) Fields() Field {
+	spec, ok := specOf(q.T)
+	if !ok {
+		return q.present()
+	}
+	if q.T == TSync {
+		spec.req |= FAfter
+	}
+	return spec.req | (spec.opt & q.present())
+}
+
+func (q Request) appendMsgpack(b []byte) []byte {
+	fs := q.Fields()
+	b = appendMapLen(b, 1+bits.OnesCount32(uint32(fs)))
+	b = kvStr(b, "t", q.T)
+	for f := fs; f != 0; {
+		bit := Field(1) << bits.TrailingZeros32(uint32(f))
+		f &^= bit
+		b = appendStr(b, fieldName(bit))
+		switch bit {
+		case FRid:
+			b = appendStr(b, q.Rid)
+		case FDevice:
+			b = appendStr(b, q.Device)
+		case FToken:
+			b = appendStr(b, q.Token)
+		case FConv:
+			b = appendStr(b, q.Conv)
+		case FCmid:
+			b = appendStr(b, q.Cmid)
+		case FKind:
+			b = appendStr(b, q.Kind)
+		case FTitle:
+			b = appendStr(b, q.Title)
+		case FCursor:
+			b = appendStr(b, q.Cursor)
+		case FBody:
+			b = appendBin(b, q.Body)
+		case FSeq:
+			b = appendInt(b, q.Seq)
+		case FAfter:
+			b = appendInt(b, q.After)
+		case FLimit:
+			b = appendInt(b, q.Limit)
+		case FMembers:
+			b = appendStrs(b, q.Members)
+		case FUsers:
+			b = appendStrs(b, q.Users)
+		case FConvs:
+			b = appendArrayLen(b, len(q.Convs))
+			for _, c := range q.Convs {
+				b = appendMapLen(b, 2)
+				b = kvStr(b, "conv", c.Conv)
+				b = kvInt(b, "after", c.After)
+			}
+		case FMentionAll:
+			b = appendBool(b, q.MentionAll)
+		}
+	}
+	return b
+}
+
+// EncodeMsgpack implements msgpack.CustomEncoder: it writes `t`, then the
+// keys listed by Fields.
+func (q Request) EncodeMsgpack(e *msgpack.Encoder) error { return encodeCustom(e, q) }
+
+// DecodeMsgpack implements msgpack.CustomDecoder with DecodeRequest.
+func (q *Request) DecodeMsgpack(d *msgpack.Decoder) error {
+	raw, err := d.DecodeRaw()
+	if err != nil {
+		return err
+	}
+	v, err := DecodeRequest(raw)
+	*q = v
+	return err
+}
+
+// EncodeMsgpack implements msgpack.CustomEncoder ({conv, after}, both always).
+func (c ConvAfter) EncodeMsgpack(e *msgpack.Encoder) error { return encodeCustom(e, c) }
+
+func (c ConvAfter) appendMsgpack(b []byte) []byte {
+	b = appendMapLen(b, 2)
+	b = kvStr(b, "conv", c.Conv)
+	return kvInt(b, "after", c.After)
+}
