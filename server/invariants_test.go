@@ -399,7 +399,9 @@ func TestM1AckMaxMergeNeverAboveHead(t *testing.T) {
 		t.Fatalf("redis cursor %d, %v", hot, err)
 	}
 	// Reinstall: the old connection's acks are refused, the new install starts at 0.
-	var re struct{ InstallEpoch int64 `json:"install_epoch"` }
+	var re struct {
+		InstallEpoch int64 `json:"install_epoch"`
+	}
 	if st := env.Admin(t, "POST", "/v1/devices/"+ben[0].ID+"/reinstall", nil, &re); st != http.StatusOK || re.InstallEpoch != 1 {
 		t.Fatalf("reinstall: %d %+v", st, re)
 	}
