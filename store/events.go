@@ -72,8 +72,10 @@ type InsertResult struct {
 // inserted; a duplicate (conv, sender, cmid), answered with the original
 // seq; a sender who is not a current member; or a seq already taken (the
 // caller allocates a new one). The seqs of duplicates and non-members are
-// recorded as holes in the same transaction, so readers need not wait for
-// them. The returned error is for the whole batch (nothing committed).
+// recorded as holes right after, so readers need not wait for them. The
+// returned error is for the whole batch (nothing committed).
+// The insert is one statement, so the batch commits atomically in one
+// round trip.
 func (s *Store) InsertMessages(ctx context.Context, msgs []NewMessage) ([]InsertResult, error) {
 	var res []InsertResult
 	var err error
@@ -95,44 +97,55 @@ func (s *Store) insertMessages(ctx context.Context, msgs []NewMessage) ([]Insert
 		convs[i], senders[i], cmids[i], bodies[i], seqs[i], tss[i] = m.Conv, m.Sender, m.Cmid, m.Body, m.Seq, m.Ts
 	}
 	res := make([]InsertResult, n)
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, `INSERT INTO events (conv_id, seq, kind, sender, cmid, body, ts)
-			SELECT u.conv, u.seq, 1, u.sender, u.cmid, u.body, u.ts
-			FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::bytea[], $6::bigint[]) AS u(conv, seq, sender, cmid, body, ts)
-			WHERE EXISTS (SELECT 1 FROM membership_periods m WHERE m.conv_id = u.conv AND m.user_id = u.sender AND m.to_seq IS NULL)
-			ON CONFLICT DO NOTHING
-			RETURNING conv_id, seq`, convs, seqs, senders, cmids, bodies, tss)
-		if err != nil {
-			return err
+	// One statement is one transaction: a single round trip and one WAL
+	// flush commit the whole batch.
+	rows, err := s.pool.Query(ctx, `INSERT INTO events (conv_id, seq, kind, sender, cmid, body, ts)
+		SELECT u.conv, u.seq, 1, u.sender, u.cmid, u.body, u.ts
+		FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::bytea[], $6::bigint[]) AS u(conv, seq, sender, cmid, body, ts)
+		WHERE EXISTS (SELECT 1 FROM membership_periods m WHERE m.conv_id = u.conv AND m.user_id = u.sender AND m.to_seq IS NULL)
+		ON CONFLICT DO NOTHING
+		RETURNING conv_id, seq`, convs, seqs, senders, cmids, bodies, tss)
+	if err != nil {
+		return nil, err
+	}
+	inserted := make(map[ConvSeq]bool, n)
+	for rows.Next() {
+		var k ConvSeq
+		if err := rows.Scan(&k.Conv, &k.Seq); err != nil {
+			rows.Close()
+			return nil, err
 		}
-		inserted := make(map[ConvSeq]bool, n)
-		for rows.Next() {
-			var k ConvSeq
-			if err := rows.Scan(&k.Conv, &k.Seq); err != nil {
-				return err
-			}
-			inserted[k] = true
+		inserted[k] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	var missing []int
+	for i := range msgs {
+		res[i] = InsertResult{Seq: seqs[i], Ts: tss[i]}
+		if !inserted[ConvSeq{convs[i], seqs[i]}] {
+			missing = append(missing, i)
 		}
-		if err := rows.Err(); err != nil {
-			return err
+	}
+	if len(missing) > 0 {
+		// The inserted rows are committed already; explaining the others
+		// reads committed state and only adds holes, which are idempotent.
+		if err := resolveMissing(ctx, s.pool, msgs, missing, res); err != nil {
+			return nil, err
 		}
-		var missing []int
-		for i := range msgs {
-			res[i] = InsertResult{Seq: seqs[i], Ts: tss[i]}
-			if !inserted[ConvSeq{convs[i], seqs[i]}] {
-				missing = append(missing, i)
-			}
-		}
-		if len(missing) == 0 {
-			return nil
-		}
-		return resolveMissing(ctx, tx, msgs, missing, res)
-	})
-	return res, err
+	}
+	return res, nil
+}
+
+// querier is what pgx's pool, connections and transactions have in common.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
 // resolveMissing explains rows that InsertMessages did not insert.
-func resolveMissing(ctx context.Context, tx pgx.Tx, msgs []NewMessage, missing []int, res []InsertResult) error {
+func resolveMissing(ctx context.Context, tx querier, msgs []NewMessage, missing []int, res []InsertResult) error {
 	idx := make([]int64, len(missing))
 	convs, senders, cmids := make([]string, len(missing)), make([]string, len(missing)), make([]string, len(missing))
 	for j, i := range missing {
@@ -182,10 +195,10 @@ func resolveMissing(ctx context.Context, tx pgx.Tx, msgs []NewMessage, missing [
 // is; a concurrent insert of that seq waits for this and then fails, so the
 // unique key decides who owns a seq (docs/consistency.md).
 func (s *Store) InsertHoles(ctx context.Context, conv string, seqs []int64, ts int64) error {
-	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error { return insertHoles(ctx, tx, conv, seqs, ts) })
+	return insertHoles(ctx, s.pool, conv, seqs, ts)
 }
 
-func insertHoles(ctx context.Context, tx pgx.Tx, conv string, seqs []int64, ts int64) error {
+func insertHoles(ctx context.Context, tx querier, conv string, seqs []int64, ts int64) error {
 	_, err := tx.Exec(ctx, `INSERT INTO events (conv_id, seq, kind, ts) SELECT $1, s, 0, $3 FROM unnest($2::bigint[]) s ON CONFLICT DO NOTHING`,
 		conv, seqs, ts)
 	return err
