@@ -35,6 +35,8 @@ type Deps struct {
 	Cursors *cursor.Cursors
 	Routes  *route.Table
 	Bus     *fanout.Bus
+	// Notify sends a frame to the user's online devices but one.
+	Notify func(ctx context.Context, user, exceptDevice string, frame []byte) error
 }
 
 // Gateway is the gnet event handler and the registry of its sessions.

@@ -4,12 +4,16 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/base64"
 	"errors"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/parley-im/parley/cursor"
 	"github.com/parley-im/parley/eventlog"
+	"github.com/parley-im/parley/fanout"
 	"github.com/parley-im/parley/store"
 	"github.com/parley-im/parley/wire"
 )
@@ -41,6 +45,13 @@ func (g *Gateway) handle(s *Session, req *wire.Request) {
 	case wire.TAck:
 		g.ack(s, req, start)
 		return
+	case wire.TRead:
+		g.read(ctx, s, req)
+	case wire.TConvs:
+		g.convs(ctx, s, req)
+	case wire.TRecall:
+		res, err := g.deps.Log.Recall(ctx, req.Conv, s.user, s.device, req.Seq, g.cfg.RecallWindow)
+		g.answer(s, req, err, wire.RecallOK{T: wire.TRecallOK, Rid: req.Rid, Conv: req.Conv, Seq: res.Seq, Target: req.Seq})
 	default:
 		g.answer(s, req, wire.Errorf(wire.Internal, "%s is not available on this server yet", req.T), nil)
 	}
@@ -79,6 +90,12 @@ func (g *Gateway) wireError(t string, err error) *wire.Error {
 		return wire.Errorf(wire.StaleInstall, "this connection belongs to an older install of the device")
 	case errors.Is(err, store.ErrCursorAhead), errors.Is(err, eventlog.ErrCursorAhead):
 		return wire.Errorf(wire.CursorAhead, "seq is above the conversation's head")
+	case errors.Is(err, store.ErrNoMessage):
+		return wire.Errorf(wire.NotFound, "no such message")
+	case errors.Is(err, store.ErrNotSender):
+		return wire.Errorf(wire.NotSender, "only the sender may recall a message")
+	case errors.Is(err, store.ErrRecallWindow):
+		return wire.Errorf(wire.RecallWindow, "the recall window (%s) has passed", g.cfg.RecallWindow)
 	}
 	// Anything else means a backend did not do its part: nothing that was
 	// asked for was committed (a commit reports success or nothing).
@@ -226,4 +243,76 @@ func (g *Gateway) ack(s *Session, req *wire.Request, start time.Time) {
 		g.metrics.latency.WithLabelValues(wire.TAck).Observe(time.Since(start).Seconds())
 		g.answer(s, &wire.Request{T: wire.TAck, Rid: rid}, r.Err, wire.AckOK{T: wire.TAckOK, Rid: rid, Conv: conv, Delivered: r.Delivered})
 	})
+}
+
+func (g *Gateway) read(ctx context.Context, s *Session, req *wire.Request) {
+	r, err := g.deps.Store.MarkRead(ctx, s.user, req.Conv, req.Seq)
+	if err != nil {
+		g.answer(s, req, err, nil)
+		return
+	}
+	if r.Advanced {
+		// Hot copy first (a max-merge, so order does not matter), then tell
+		// the user's other devices; both are best effort: the durable value
+		// is already committed and every convs/read reply carries it.
+		if err := g.deps.Cursors.MergeRead(ctx, s.user, req.Conv, r.Read); err != nil {
+			g.log.Debug("read hot copy", "err", err)
+		}
+		if frame, err := wire.AppendFrame(nil, wire.ReadChanged{T: wire.TReadChanged, Conv: req.Conv, Read: r.Read, Unread: r.Unread}); err == nil {
+			if err := g.deps.Notify(ctx, s.user, s.device, frame); err != nil {
+				g.log.Debug("read_changed", "err", err)
+			}
+		}
+	}
+	g.answer(s, req, nil, wire.ReadOK{T: wire.TReadOK, Rid: req.Rid, Conv: req.Conv, Read: r.Read, Unread: r.Unread})
+}
+
+func (g *Gateway) convs(ctx context.Context, s *Session, req *wire.Request) {
+	limit := int(req.Limit)
+	if limit <= 0 {
+		limit = 100
+	}
+	limit = min(limit, 1000)
+	var cur *store.ConvCursor
+	if req.Cursor != "" {
+		c, ok := decodeConvCursor(req.Cursor)
+		if !ok {
+			g.answer(s, req, wire.Errorf(wire.BadRequest, "cursor: not a cursor from a convs reply"), nil)
+			return
+		}
+		cur = &c
+	}
+	items, more, err := g.deps.Store.Conversations(ctx, s.user, s.device, limit, cur)
+	if err != nil {
+		g.answer(s, req, err, nil)
+		return
+	}
+	out := wire.ConvsOK{T: wire.TConvsOK, Rid: req.Rid, More: more, Items: make([]wire.ConvItem, len(items))}
+	for i, it := range items {
+		out.Items[i] = wire.ConvItem{Conv: it.Conv, Kind: it.Kind, Title: it.Title,
+			Mode: fanout.Mode(it.Members, g.cfg.WriteFanoutMax, g.cfg.OnlineFanoutMax), Epoch: it.Epoch, Head: it.Head,
+			MinSeq: it.MinSeq, Delivered: it.Delivered, Read: it.Read, Unread: it.Unread, LastTs: it.LastTs}
+	}
+	if more {
+		last := items[len(items)-1]
+		out.Cursor = encodeConvCursor(store.ConvCursor{LastTs: last.LastTs, Conv: last.Conv})
+	}
+	g.answer(s, req, nil, out)
+}
+
+func encodeConvCursor(c store.ConvCursor) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(c.LastTs, 10) + "/" + c.Conv))
+}
+
+func decodeConvCursor(s string) (store.ConvCursor, bool) {
+	b, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil {
+		return store.ConvCursor{}, false
+	}
+	ts, conv, ok := strings.Cut(string(b), "/")
+	n, err := strconv.ParseInt(ts, 10, 64)
+	if !ok || err != nil {
+		return store.ConvCursor{}, false
+	}
+	return store.ConvCursor{LastTs: n, Conv: conv}, true
 }

@@ -107,7 +107,8 @@ func (s *Session) reply(v any) {
 }
 
 // push queues a frame that may be dropped for a slow device: conv and seq
-// say what the device then has to sync.
+// say what the device then has to sync. A frame without conv is never
+// dropped.
 func (s *Session) push(frame []byte, conv string, seq int64) {
 	s.write(frame, conv, seq)
 }

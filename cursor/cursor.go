@@ -1,5 +1,6 @@
-// Package cursor keeps per-device delivery cursors: "this device holds
-// every event of the conversation up to seq". A cursor only grows: acks
+// Package cursor keeps per-device delivery cursors ("this device holds
+// every event of the conversation up to seq") and the hot copy of per-user
+// read positions. A cursor only grows: acks
 // are max-merged, first durably in PostgreSQL (GREATEST upserts, group
 // committed), then in Redis by the hash_max script, the hot copy that
 // fan-out and the redelivery scan read. An ack from a connection of an
@@ -110,4 +111,13 @@ func (c *Cursors) Hot(ctx context.Context, user, device, conv string) (int64, er
 // Forget deletes the device's hot cursors (after a reinstall).
 func (c *Cursors) Forget(ctx context.Context, user, device string) error {
 	return c.rdb.Del(ctx, c.Key(user, device)).Err()
+}
+
+// ReadKey is the Redis hash of a user's read positions (field: conv).
+func (c *Cursors) ReadKey(user string) string { return c.prefix + "rp:{" + user + "}" }
+
+// MergeRead max-merges the hot copy of user's read position in conv (the
+// durable one is in PostgreSQL already).
+func (c *Cursors) MergeRead(ctx context.Context, user, conv string, read int64) error {
+	return scripts.HashMax.Run(ctx, c.rdb, []string{c.ReadKey(user)}, conv, read, 0).Err()
 }

@@ -289,8 +289,24 @@ func (l *Log) RemoveMember(ctx context.Context, conv, actor, device, user string
 	return head, err
 }
 
-// membership allocates a seq and runs apply, re-allocating while the seq
-// turns out to be taken; a seq left unused by a refused change is fenced.
+// Recall appends a recall event for the message at target (sent by actor
+// within window).
+func (l *Log) Recall(ctx context.Context, conv, actor, device string, target int64, window time.Duration) (store.RecallResult, error) {
+	var res store.RecallResult
+	err := l.membership(ctx, conv, actor, func(ch store.MembershipChange) (err error) {
+		res, err = l.st.Recall(ctx, ch, target, window.Milliseconds())
+		if err == nil && !res.Again && l.onCommit != nil {
+			l.onCommit([]Committed{{Device: device, Event: store.Event{Conv: conv, Seq: ch.Seq, Kind: store.KindRecall,
+				Sender: actor, Ts: ch.Ts, Target: target}}})
+		}
+		return err
+	})
+	return res, err
+}
+
+// membership allocates a seq and runs apply (a membership change or a
+// recall), re-allocating while the seq turns out to be taken; a seq left
+// unused by a refused change is fenced at once.
 func (l *Log) membership(ctx context.Context, conv, actor string, apply func(store.MembershipChange) error) error {
 	for attempt := 0; attempt < 5; attempt++ {
 		s, err := l.seqs.AllocOne(ctx, conv)

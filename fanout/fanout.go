@@ -186,3 +186,28 @@ func Mode(n int64, writeMax, onlineMax int) string {
 	}
 	return "pull"
 }
+
+// ToUser sends frame to every online device of user except one (e.g.
+// read_changed to the user's other devices), on whichever gateways hold
+// them. The frame is never dropped for a slow device (it is small).
+func (f *Fanout) ToUser(ctx context.Context, user, exceptDevice string, frame []byte) error {
+	entries, err := f.routes.Lookup(ctx, []string{user})
+	if err != nil {
+		return err
+	}
+	perGateway := map[string][]Target{}
+	for _, e := range entries {
+		if e.Device != exceptDevice {
+			perGateway[e.Gateway] = append(perGateway[e.Gateway], Target{Device: e.Device, Token: e.Token})
+		}
+	}
+	for gw, ts := range perGateway {
+		ds := []Delivery{{Frame: frame, Targets: ts}}
+		if gw == f.routes.Gateway() {
+			f.local.Deliver(ds)
+		} else if err := f.bus.Publish(ctx, gw, ds); err != nil {
+			return err
+		}
+	}
+	return nil
+}

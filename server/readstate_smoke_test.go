@@ -1,0 +1,60 @@
+package server_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/parley-im/parley/internal/parleytest"
+	"github.com/parley-im/parley/wire"
+)
+
+func TestSmokeReadConvsRecall(t *testing.T) {
+	env := parleytest.Start(t, parleytest.Config(t))
+	ana := env.User(t, "ana", 1)
+	ben := env.User(t, "ben", 2)
+	env.Group(t, "c-ab", "ana", "ben")
+	ca, _ := dial(t, env, ana[0])
+	b1, _ := dial(t, env, ben[0])
+	_, f2 := dial(t, env, ben[1])
+	var last int64
+	for i := 0; i < 5; i++ {
+		r, err := ca.Send(ctx(t), "c-ab", fmt.Sprint(i), []byte("m"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = r.Seq
+	}
+	r, err := b1.Read(ctx(t), "c-ab", 4)
+	if err != nil || r.Read != 4 || r.Unread != 2 {
+		t.Fatalf("read: %+v %v", r, err)
+	}
+	deadline := time.After(5 * time.Second)
+	for got := false; !got; {
+		select {
+		case m := <-f2:
+			got = m.T == wire.TReadChanged && m.Read == 4 && m.Unread == 2
+		case <-deadline:
+			t.Fatal("no read_changed on the other device")
+		}
+	}
+	c, err := b1.Convs(ctx(t), 0, "")
+	if err != nil || len(c.Items) != 1 || c.Items[0].Unread != 2 || c.Items[0].Head != last || c.Items[0].Mode != "push" {
+		t.Fatalf("convs: %+v %v", c, err)
+	}
+	rc, err := ca.Recall(ctx(t), "c-ab", last)
+	if err != nil || rc.Target != last {
+		t.Fatalf("recall: %+v %v", rc, err)
+	}
+	c, _ = b1.Convs(ctx(t), 0, "")
+	if c.Items[0].Unread != 1 {
+		t.Fatalf("unread after recall: %+v", c.Items[0])
+	}
+	if _, err := b1.Recall(ctx(t), "c-ab", 3); wire.CodeOf(err) != wire.NotSender {
+		t.Fatalf("recall by another: %v", err)
+	}
+	again, err := ca.Recall(ctx(t), "c-ab", last)
+	if err != nil || again.Seq != rc.Seq {
+		t.Fatalf("recall again: %+v %v", again, err)
+	}
+}

@@ -1,0 +1,223 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"math"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// unreadSQL counts the unread messages of user $1 in conversation $2 above
+// read position $3: visible msg events (inside one of the user's
+// membership periods), not recalled, not sent by the user (M4). It is the
+// definition of seed 000 §5.2, evaluated on the events_unread index.
+const unreadSQL = `SELECT count(*) FROM events e
+ WHERE e.conv_id = $2 AND e.kind = 1 AND e.seq > $3
+   AND e.recalled_by IS NULL AND e.sender <> $1
+   AND EXISTS (SELECT 1 FROM membership_periods m
+               WHERE m.conv_id = e.conv_id AND m.user_id = $1
+                 AND e.seq >= m.from_seq AND (m.to_seq IS NULL OR e.seq <= m.to_seq))`
+
+// ReadResult is the merged read position and the unread count after it.
+type ReadResult struct {
+	Read     int64
+	Unread   int64
+	Advanced bool // the position moved (other devices are told)
+}
+
+// MarkRead max-merges user's read position in conv with seq, capped at the
+// end of the user's last membership period (M2), in one transaction, and
+// returns the merged value and the unread count it leaves. ErrNotMember if
+// the user was never a member; ErrCursorAhead if seq is above head.
+func (s *Store) MarkRead(ctx context.Context, user, conv string, seq int64) (ReadResult, error) {
+	var r ReadResult
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var head, lastTo int64
+		var periods int
+		if err := tx.QueryRow(ctx, `SELECT (SELECT coalesce(max(seq), 0) FROM events WHERE conv_id = $2),
+				count(*), coalesce(max(coalesce(to_seq, $3)), 0)
+			FROM membership_periods WHERE conv_id = $2 AND user_id = $1`, user, conv, int64(math.MaxInt64)).
+			Scan(&head, &periods, &lastTo); err != nil {
+			return err
+		}
+		if periods == 0 {
+			return ErrNotMember
+		}
+		if seq > head {
+			return ErrCursorAhead
+		}
+		v := min(seq, lastTo)
+		var before int64
+		err := tx.QueryRow(ctx, `SELECT read_seq FROM read_positions WHERE user_id = $1 AND conv_id = $2 FOR UPDATE`, user, conv).Scan(&before)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return err
+		}
+		if err := tx.QueryRow(ctx, `INSERT INTO read_positions (user_id, conv_id, read_seq) VALUES ($1, $2, $3)
+			ON CONFLICT (user_id, conv_id) DO UPDATE SET read_seq = GREATEST(read_positions.read_seq, EXCLUDED.read_seq)
+			RETURNING read_seq`, user, conv, v).Scan(&r.Read); err != nil {
+			return err
+		}
+		r.Advanced = r.Read > before
+		return tx.QueryRow(ctx, unreadSQL, user, conv, r.Read).Scan(&r.Unread)
+	})
+	return r, err
+}
+
+// ReadPosition returns user's read position in conv (0 if none).
+func (s *Store) ReadPosition(ctx context.Context, user, conv string) (int64, error) {
+	var v int64
+	err := s.pool.QueryRow(ctx, `SELECT coalesce((SELECT read_seq FROM read_positions WHERE user_id = $1 AND conv_id = $2), 0)`, user, conv).Scan(&v)
+	return v, err
+}
+
+// ConvItem is one conversation as the convs request shows it to a device.
+type ConvItem struct {
+	Conv      string
+	Kind      string
+	Title     string
+	Members   int64
+	Epoch     int64
+	Head      int64
+	MinSeq    int64
+	Delivered int64
+	Read      int64
+	Unread    int64
+	LastTs    int64
+}
+
+// ConvCursor is a position in a user's conversation list: items strictly
+// after (LastTs, Conv) in (LastTs desc, Conv asc) order.
+type ConvCursor struct {
+	LastTs int64
+	Conv   string
+}
+
+// Conversations lists every conversation user is or was a member of,
+// newest visible activity first, from one REPEATABLE READ snapshot, at
+// most limit items after cur (nil: from the top). more is true if items
+// follow.
+func (s *Store) Conversations(ctx context.Context, user, device string, limit int, cur *ConvCursor) (items []ConvItem, more bool, err error) {
+	curTs, curConv := int64(math.MaxInt64), ""
+	if cur != nil {
+		curTs, curConv = cur.LastTs, cur.Conv
+	}
+	err = s.readTx(ctx, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, conversationsSQL, user, device, limit+1, int64(math.MaxInt64), curTs, curConv)
+		if err != nil {
+			return err
+		}
+		items, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (ConvItem, error) {
+			var it ConvItem
+			err := r.Scan(&it.Conv, &it.Kind, &it.Title, &it.Members, &it.Epoch, &it.MinSeq, &it.Head,
+				&it.Delivered, &it.Read, &it.LastTs, &it.Unread)
+			return it, err
+		})
+		return err
+	})
+	if len(items) > limit {
+		items, more = items[:limit], true
+	}
+	return items, more, err
+}
+
+// conversationsSQL: $1 user, $2 device, $3 limit, $4 "open period" end,
+// ($5, $6) the cursor. last_ts is the ts of the newest non-hole event at or
+// below the end of the user's last period: that event is visible, since
+// the last period starts with the user's own join event.
+const conversationsSQL = `
+WITH mine AS (
+    SELECT conv_id, max(coalesce(to_seq, $4)) AS last_to
+      FROM membership_periods WHERE user_id = $1 GROUP BY conv_id
+), listed AS (
+    SELECT mine.conv_id, lv.ts AS last_ts
+      FROM mine
+      CROSS JOIN LATERAL (SELECT e.ts FROM events e
+                           WHERE e.conv_id = mine.conv_id AND e.seq <= mine.last_to AND e.kind <> 0
+                           ORDER BY e.seq DESC LIMIT 1) lv
+), page AS (
+    SELECT * FROM listed
+     WHERE last_ts < $5 OR (last_ts = $5 AND conv_id > $6)
+     ORDER BY last_ts DESC, conv_id
+     LIMIT $3
+)
+SELECT p.conv_id, c.kind, c.title, c.member_count, c.epoch, c.min_seq,
+       (SELECT coalesce(max(seq), 0) FROM events WHERE conv_id = p.conv_id),
+       coalesce(dc.delivered_seq, 0), coalesce(rp.read_seq, 0), p.last_ts,
+       (SELECT count(*) FROM events e
+         WHERE e.conv_id = p.conv_id AND e.kind = 1 AND e.seq > coalesce(rp.read_seq, 0)
+           AND e.recalled_by IS NULL AND e.sender <> $1
+           AND EXISTS (SELECT 1 FROM membership_periods m
+                        WHERE m.conv_id = e.conv_id AND m.user_id = $1
+                          AND e.seq >= m.from_seq AND (m.to_seq IS NULL OR e.seq <= m.to_seq)))
+  FROM page p
+  JOIN conversations c ON c.conv_id = p.conv_id
+  LEFT JOIN device_cursors dc ON dc.device_id = $2 AND dc.conv_id = p.conv_id
+  LEFT JOIN read_positions rp ON rp.user_id = $1 AND rp.conv_id = p.conv_id
+ ORDER BY p.last_ts DESC, p.conv_id`
+
+// Errors of Recall.
+var (
+	ErrNoMessage    = errors.New("store: no such message")
+	ErrNotSender    = errors.New("store: only the sender may recall a message")
+	ErrRecallWindow = errors.New("store: the recall window has passed")
+)
+
+// RecallResult is the recall event's seq and its target.
+type RecallResult struct {
+	Seq    int64
+	Target int64
+	Again  bool // the target was recalled before: Seq is that first recall's
+}
+
+// Recall appends a recall event at ch.Seq for message target, marks the
+// target recalled and empties its body, in one transaction. Only the
+// sender (ch.Actor, a current member) may recall, within window
+// milliseconds of the message's ts. Recalling a recalled message returns
+// the first recall (and records ch.Seq as a hole).
+func (s *Store) Recall(ctx context.Context, ch MembershipChange, target, windowMs int64) (RecallResult, error) {
+	r := RecallResult{Target: target}
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var member bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM membership_periods WHERE conv_id = $1 AND user_id = $2 AND to_seq IS NULL)`,
+			ch.Conv, ch.Actor).Scan(&member); err != nil {
+			return err
+		}
+		if !member {
+			return ErrNotMember
+		}
+		var sender string
+		var ts int64
+		var recalledBy *int64
+		err := tx.QueryRow(ctx, `SELECT sender, ts, recalled_by FROM events WHERE conv_id = $1 AND seq = $2 AND kind = 1 FOR UPDATE`,
+			ch.Conv, target).Scan(&sender, &ts, &recalledBy)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return ErrNoMessage
+		}
+		if err != nil {
+			return err
+		}
+		if sender != ch.Actor {
+			return ErrNotSender
+		}
+		if recalledBy != nil {
+			r.Seq, r.Again = *recalledBy, true
+			return insertHoles(ctx, tx, ch.Conv, []int64{ch.Seq}, ch.Ts)
+		}
+		if ch.Ts-ts > windowMs {
+			return ErrRecallWindow
+		}
+		tag, err := tx.Exec(ctx, `INSERT INTO events (conv_id, seq, kind, sender, ts, target) VALUES ($1, $2, 4, $3, $4, $5) ON CONFLICT DO NOTHING`,
+			ch.Conv, ch.Seq, ch.Actor, ch.Ts, target)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			return ErrSeqTaken
+		}
+		r.Seq = ch.Seq
+		_, err = tx.Exec(ctx, `UPDATE events SET recalled_by = $3, body = NULL WHERE conv_id = $1 AND seq = $2`, ch.Conv, target, ch.Seq)
+		return err
+	})
+	return r, err
+}
