@@ -49,6 +49,8 @@ func (g *Gateway) handle(s *Session, req *wire.Request) {
 		g.read(ctx, s, req)
 	case wire.TConvs:
 		g.convs(ctx, s, req)
+	case wire.TSnapshot:
+		g.snapshot(ctx, s, req)
 	case wire.TRecall:
 		res, err := g.deps.Log.Recall(ctx, req.Conv, s.user, s.device, req.Seq, g.cfg.RecallWindow)
 		g.answer(s, req, err, wire.RecallOK{T: wire.TRecallOK, Rid: req.Rid, Conv: req.Conv, Seq: res.Seq, Target: req.Seq})
@@ -315,4 +317,37 @@ func decodeConvCursor(s string) (store.ConvCursor, bool) {
 		return store.ConvCursor{}, false
 	}
 	return store.ConvCursor{LastTs: n, Conv: conv}, true
+}
+
+// maxSnapshot is the most conversations one snapshot request may name.
+const maxSnapshot = 500
+
+func (g *Gateway) snapshot(ctx context.Context, s *Session, req *wire.Request) {
+	if len(req.Convs) > maxSnapshot {
+		g.answer(s, req, wire.Errorf(wire.BadRequest, "convs: at most %d per snapshot", maxSnapshot), nil)
+		return
+	}
+	convs := make([]string, len(req.Convs))
+	afters := make([]int64, len(req.Convs))
+	for i, c := range req.Convs {
+		convs[i], afters[i] = c.Conv, c.After
+	}
+	items, err := g.deps.Store.Snapshot(ctx, s.user, convs, afters, g.cfg.SnapshotFullMax, g.cfg.SnapshotTail)
+	if err != nil {
+		g.answer(s, req, err, nil)
+		return
+	}
+	out := wire.SnapshotOK{T: wire.TSnapshotOK, Rid: req.Rid, Items: make([]wire.SnapshotItem, len(items))}
+	for i, it := range items {
+		wi := wire.SnapshotItem{Conv: it.Conv, Head: it.Head, Read: it.Read, Unread: it.Unread, Skipped: it.Skipped,
+			Events: make([]wire.Event, len(it.Events))}
+		for j, e := range it.Events {
+			wi.Events[j] = WireEvent(e)
+		}
+		if it.Err != nil {
+			wi = wire.SnapshotItem{Conv: it.Conv, Events: []wire.Event{}, Error: string(g.wireError(req.T, it.Err).Code)}
+		}
+		out.Items[i] = wi
+	}
+	g.answer(s, req, nil, out)
 }

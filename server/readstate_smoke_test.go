@@ -58,3 +58,41 @@ func TestSmokeReadConvsRecall(t *testing.T) {
 		t.Fatalf("recall again: %+v %v", again, err)
 	}
 }
+
+func TestSmokeSnapshot(t *testing.T) {
+	cfg := parleytest.Config(t)
+	cfg.SnapshotFullMax, cfg.SnapshotTail = 10, 3
+	env := parleytest.Start(t, cfg)
+	ana := env.User(t, "ana", 1)
+	env.User(t, "ben", 1)
+	env.Group(t, "g1", "ana", "ben")
+	env.Group(t, "g2", "ana", "ben")
+	env.User(t, "cy", 1)
+	env.Group(t, "g3", "ben", "cy")
+	ca, _ := dial(t, env, ana[0])
+	for i := 0; i < 20; i++ {
+		if _, err := ca.Send(ctx(t), "g1", fmt.Sprint(i), []byte("m")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := ca.Send(ctx(t), "g2", "x", []byte("m")); err != nil {
+		t.Fatal(err)
+	}
+	r, err := ca.Snapshot(ctx(t), []wire.ConvAfter{{Conv: "g1", After: 0}, {Conv: "g2", After: 0}, {Conv: "g3", After: 0}, {Conv: "g2", After: 2}, {Conv: "g2", After: 9}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	it := r.Items
+	if len(it) != 5 {
+		t.Fatalf("items: %+v", it)
+	}
+	if it[0].Head != 21 || len(it[0].Events) != 3 || it[0].Skipped != 18 || it[0].Events[2].Seq != 21 {
+		t.Fatalf("tail item: %+v", it[0])
+	}
+	if len(it[1].Events) != 2 || it[1].Skipped != 0 {
+		t.Fatalf("full item: %+v", it[1])
+	}
+	if it[2].Error != "NOT_MEMBER" || it[3].Error != "" || len(it[3].Events) != 0 || it[4].Error != "CURSOR_AHEAD" {
+		t.Fatalf("items: %+v", it[2:])
+	}
+}
