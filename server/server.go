@@ -122,7 +122,9 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Server, e
 	s.events = eventlog.New(s.st, seqs, eventlog.Config{HoleTimeout: cfg.HoleTimeout, CommitBatch: cfg.CommitBatch, CommitWorkers: cfg.CommitWorkers},
 		log, func(evs []eventlog.Committed) { fan.Enqueue(evs) })
 	s.gw = conn.New(s.cfg, conn.Deps{Store: s.st, Log: s.events, Cursors: s.cursors, Routes: s.routes, Bus: s.bus,
-		Notify: func(ctx context.Context, user, except string, frame []byte) error { return fan.ToUser(ctx, user, except, frame) }}, log, s.reg)
+		Notify: func(ctx context.Context, user, except string, frame []byte) error {
+			return fan.ToUser(ctx, user, except, frame)
+		}}, log, s.reg)
 	fan = fanout.New(s.st, s.routes, s.bus, s.gw, log, 2)
 	s.fan = fan
 	if s.ps, err = s.bus.Subscribe(ctx); err != nil {

@@ -102,4 +102,3 @@ func snapshotTail(ctx context.Context, tx pgx.Tx, conv, user string, after int64
 	it.Skipped = total - int64(len(evs))
 	return nil
 }
-
