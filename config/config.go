@@ -96,6 +96,10 @@ type Config struct {
 	CommitBatch int `yaml:"commit_batch" default:"256"`
 	// CommitWorkers is how many group-commit transactions may be in flight.
 	CommitWorkers int `yaml:"commit_workers" default:"4"`
+	// RedeliveryDelay: a device that has not acked a pushed event this long
+	// after the push gets a hint for that conversation (repeated with
+	// exponential backoff); 0 disables the redelivery scan.
+	RedeliveryDelay time.Duration `yaml:"redelivery_delay" default:"10s"`
 	// SendRate is the per-device sustained send rate (messages/s); 0
 	// disables the limit.
 	SendRate int `yaml:"send_rate" default:"100"`

@@ -233,8 +233,8 @@ func (g *Gateway) OnTraffic(c gnet.Conn) gnet.Action {
 	}
 }
 
-// OnTick enforces auth_timeout and idle_timeout, and probes slow devices
-// that owe hints.
+// OnTick enforces auth_timeout and idle_timeout, probes slow devices that
+// owe hints, and runs the redelivery scan.
 func (g *Gateway) OnTick() (time.Duration, gnet.Action) {
 	now := time.Now()
 	var expired, probe []*Session
@@ -260,6 +260,7 @@ func (g *Gateway) OnTick() (time.Duration, gnet.Action) {
 	}
 	for _, s := range probe {
 		s.probe()
+		s.redeliver(now)
 	}
 	return time.Second, gnet.None
 }

@@ -242,6 +242,9 @@ func (g *Gateway) ack(s *Session, req *wire.Request, start time.Time) {
 	rid, conv := req.Rid, req.Conv
 	g.deps.Cursors.Merge(ctx, a, func(r cursor.Result) {
 		cancel()
+		if r.Err == nil {
+			s.redelivery.acked(conv, r.Delivered)
+		}
 		g.metrics.latency.WithLabelValues(wire.TAck).Observe(time.Since(start).Seconds())
 		g.answer(s, &wire.Request{T: wire.TAck, Rid: rid}, r.Err, wire.AckOK{T: wire.TAckOK, Rid: rid, Conv: conv, Delivered: r.Delivered})
 	})

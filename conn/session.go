@@ -49,6 +49,8 @@ type Session struct {
 	kick      bool             // close once the outbox is written
 	backlog   int              // bytes gnet still held at the last flush
 
+	redelivery redelivery
+
 	sendTokens float64 // send rate limiter, guarded by qmu (only the request goroutine uses it)
 	sendLast   time.Time
 }
@@ -110,7 +112,21 @@ func (s *Session) reply(v any) {
 // say what the device then has to sync. A frame without conv is never
 // dropped.
 func (s *Session) push(frame []byte, conv string, seq int64) {
+	if conv != "" && s.g.cfg.RedeliveryDelay > 0 {
+		s.redelivery.pushed(conv, seq, time.Now(), s.g.cfg.RedeliveryDelay)
+	}
 	s.write(frame, conv, seq)
+}
+
+// redeliver sends the hints the redelivery scan owes this device.
+func (s *Session) redeliver(now time.Time) {
+	if s.g.cfg.RedeliveryDelay <= 0 || !s.authed.Load() {
+		return
+	}
+	for _, h := range s.redelivery.due(now, s.g.cfg.RedeliveryDelay) {
+		s.reply(h)
+		s.g.metrics.framesOut.WithLabelValues(wire.THint).Inc()
+	}
 }
 
 // write appends frame to the outbox and schedules a flush on the loop. A

@@ -96,3 +96,43 @@ func TestSmokeSnapshot(t *testing.T) {
 		t.Fatalf("items: %+v", it[2:])
 	}
 }
+
+// TestRedeliveryScanHintsUnackedDevice: a device that got pushes but did
+// not ack them gets a hint after redelivery_delay; once it acks, no more.
+func TestRedeliveryScanHintsUnackedDevice(t *testing.T) {
+	cfg := parleytest.Config(t)
+	cfg.RedeliveryDelay = 300 * time.Millisecond
+	env := parleytest.Start(t, cfg)
+	ana := env.User(t, "ana", 1)
+	ben := env.User(t, "ben", 1)
+	env.Group(t, "g", "ana", "ben")
+	ca, _ := dial(t, env, ana[0])
+	cb, fb := dial(t, env, ben[0])
+	r, err := ca.Send(ctx(t), "g", "1", []byte("m"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitPush(t, fb, "g", r.Seq)
+	deadline := time.After(3 * time.Second)
+	for hinted := false; !hinted; {
+		select {
+		case m := <-fb:
+			hinted = m.T == wire.THint && m.Conv == "g" && m.Head == r.Seq
+		case <-deadline:
+			t.Fatal("no hint for an unacked push")
+		}
+	}
+	if _, err := cb.Ack(ctx(t), "g", r.Seq); err != nil {
+		t.Fatal(err)
+	}
+	for len(fb) > 0 {
+		<-fb
+	}
+	select {
+	case m := <-fb:
+		if m.T == wire.THint {
+			t.Fatalf("hint after ack: %+v", m)
+		}
+	case <-time.After(time.Second):
+	}
+}
