@@ -98,6 +98,9 @@ func (f *Fanout) work() {
 		if err := f.deliver(ctx, evs); err != nil {
 			f.log.Warn("fan-out failed; clients will catch up by sync", "events", len(evs), "err", err)
 		}
+		if err := f.st.AdvanceDense(ctx, convsOf(evs)); err != nil {
+			f.log.Debug("advancing dense_seq", "err", err)
+		}
 		cancel()
 	}
 }
@@ -210,4 +213,17 @@ func (f *Fanout) ToUser(ctx context.Context, user, exceptDevice string, frame []
 		}
 	}
 	return nil
+}
+
+// convsOf lists the distinct conversations of evs.
+func convsOf(evs []eventlog.Committed) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, e := range evs {
+		if !seen[e.Conv] {
+			seen[e.Conv] = true
+			out = append(out, e.Conv)
+		}
+	}
+	return out
 }

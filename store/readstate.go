@@ -9,15 +9,9 @@ import (
 )
 
 // unreadSQL counts the unread messages of user $1 in conversation $2 above
-// read position $3: visible msg events (inside one of the user's
-// membership periods), not recalled, not sent by the user (M4). It is the
-// definition of seed 000 §5.2, evaluated on the events_unread index.
-const unreadSQL = `SELECT count(*) FROM events e
- WHERE e.conv_id = $2 AND e.kind = 1 AND e.seq > $3
-   AND e.recalled_by IS NULL AND e.sender <> $1
-   AND EXISTS (SELECT 1 FROM membership_periods m
-               WHERE m.conv_id = e.conv_id AND m.user_id = $1
-                 AND e.seq >= m.from_seq AND (m.to_seq IS NULL OR e.seq <= m.to_seq))`
+// read position $3 (M4, seed 000 §5.2) with the parley_unread function of
+// migration 0003: derived from the events on every call, never stored.
+const unreadSQL = `SELECT parley_unread($2, $1, $3)`
 
 // ReadResult is the merged read position and the unread count after it.
 type ReadResult struct {
@@ -144,12 +138,7 @@ WITH mine AS (
 SELECT p.conv_id, c.kind, c.title, c.member_count, c.epoch, c.min_seq,
        (SELECT coalesce(max(seq), 0) FROM events WHERE conv_id = p.conv_id),
        coalesce(dc.delivered_seq, 0), coalesce(rp.read_seq, 0), p.last_ts,
-       (SELECT count(*) FROM events e
-         WHERE e.conv_id = p.conv_id AND e.kind = 1 AND e.seq > coalesce(rp.read_seq, 0)
-           AND e.recalled_by IS NULL AND e.sender <> $1
-           AND EXISTS (SELECT 1 FROM membership_periods m
-                        WHERE m.conv_id = e.conv_id AND m.user_id = $1
-                          AND e.seq >= m.from_seq AND (m.to_seq IS NULL OR e.seq <= m.to_seq)))
+       parley_unread(p.conv_id, $1, coalesce(rp.read_seq, 0))
   FROM page p
   JOIN conversations c ON c.conv_id = p.conv_id
   LEFT JOIN device_cursors dc ON dc.device_id = $2 AND dc.conv_id = p.conv_id
@@ -220,4 +209,20 @@ func (s *Store) Recall(ctx context.Context, ch MembershipChange, target, windowM
 		return err
 	})
 	return r, err
+}
+
+// AdvanceDense raises the dense_seq watermark of each conversation to the
+// end of the run of seqs that hold rows, starting from its current value
+// (migration 0003). A lower bound is always safe: it only makes unread
+// counting read a few more index entries. Called after commits.
+func (s *Store) AdvanceDense(ctx context.Context, convs []string) error {
+	_, err := s.pool.Exec(ctx, `
+UPDATE conversations c SET dense_seq = greatest(c.dense_seq, n.d)
+  FROM (SELECT c2.conv_id,
+               coalesce((SELECT max(t.seq) FROM (SELECT e.seq, e.seq - row_number() OVER (ORDER BY e.seq) AS k
+                                                     FROM events e WHERE e.conv_id = c2.conv_id AND e.seq > c2.dense_seq) t
+                          WHERE t.k = c2.dense_seq), c2.dense_seq) AS d
+          FROM conversations c2 WHERE c2.conv_id = ANY($1)) n
+ WHERE c.conv_id = n.conv_id AND n.d > c.dense_seq`, convs)
+	return err
 }

@@ -1,0 +1,165 @@
+package store_test
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/HdrHistogram/hdrhistogram-go"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/parley-im/parley/internal/testenv"
+	"github.com/parley-im/parley/store"
+)
+
+// The convs benchmark needs a big database: one user in 1,000
+// conversations of 10,000 events each (10 million events); the 20 most
+// recently active conversations are entirely unread (10,000 unread each),
+// 100 more are half read, the rest fully read. Building it takes minutes,
+// so it is built once into a database of its own (parley_bench_convs) and
+// reused; set PARLEY_BENCH_BIG=1 to run it:
+//
+//	PARLEY_BENCH_BIG=1 go test -run '^$' -bench Convs -benchtime 200x ./store/
+const (
+	benchConvs     = 1000
+	benchEvents    = 10000
+	benchUser      = "bench-user"
+	benchDevice    = "bench-user-d1"
+	benchDBName    = "parley_bench_convs"
+	benchUnread    = 20
+	benchHalfRead  = 100
+	benchReadyMark = "bench_ready_v1"
+)
+
+func BenchmarkConvs(b *testing.B) {
+	if os.Getenv("PARLEY_BENCH_BIG") == "" {
+		b.Skip("set PARLEY_BENCH_BIG=1: builds a 10-million-event database once (minutes)")
+	}
+	ctx := context.Background()
+	dbURL := benchDatabase(b, ctx)
+	st, err := store.Open(ctx, dbURL, 4)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer st.Close()
+	for _, limit := range []int{100, 1000} {
+		b.Run(fmt.Sprintf("convs=%d/events=%dM/limit=%d", benchConvs, benchConvs*benchEvents/1_000_000, limit), func(b *testing.B) {
+			h := hdrhistogram.New(1, 10_000_000, 3)
+			b.ReportAllocs()
+			for b.Loop() {
+				start := time.Now()
+				items, _, err := st.Conversations(ctx, benchUser, benchDevice, limit, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				_ = h.RecordValue(time.Since(start).Microseconds())
+				if len(items) != limit || items[0].Unread != benchEvents-1-benchEvents/10 {
+					b.Fatalf("got %d items, first unread %d", len(items), items[0].Unread)
+				}
+			}
+			b.ReportMetric(float64(h.ValueAtQuantile(50))/1000, "p50-ms")
+			b.ReportMetric(float64(h.ValueAtQuantile(99))/1000, "p99-ms")
+			b.ReportMetric(float64(h.Max())/1000, "max-ms")
+		})
+	}
+}
+
+// benchDatabase returns the URL of the benchmark database, building it if
+// it is not there yet.
+func benchDatabase(b *testing.B, ctx context.Context) string {
+	base := os.Getenv(testenv.EnvPostgresURL)
+	if base == "" {
+		base = testenv.DefaultPostgresURL
+	}
+	u, err := url.Parse(base)
+	if err != nil {
+		b.Fatal(err)
+	}
+	admin, err := pgx.Connect(ctx, base)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	var exists bool
+	_ = admin.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)`, benchDBName).Scan(&exists)
+	if !exists {
+		if _, err := admin.Exec(ctx, "CREATE DATABASE "+benchDBName); err != nil {
+			b.Fatal(err)
+		}
+	}
+	u.Path = "/" + benchDBName
+	dbURL := u.String()
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var ready bool
+	_ = conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_tables WHERE tablename = $1)`, benchReadyMark).Scan(&ready)
+	if ready {
+		// Bring an older benchmark database up to the current schema.
+		st, err := store.Open(ctx, dbURL, 2)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer st.Close()
+		if err := st.Migrate(ctx); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := conn.Exec(ctx, `UPDATE conversations SET dense_seq = $1 WHERE dense_seq = 0`, benchEvents); err != nil {
+			b.Fatal(err)
+		}
+		_, _ = conn.Exec(ctx, `VACUUM (ANALYZE) events`)
+		return dbURL
+	}
+	b.Logf("building %s: %d conversations × %d events", benchDBName, benchConvs, benchEvents)
+	st, err := store.Open(ctx, dbURL, 2)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer st.Close()
+	if err := st.Migrate(ctx); err != nil {
+		b.Fatal(err)
+	}
+	start := time.Now()
+	steps := []string{
+		`TRUNCATE users, devices, conversations, membership_periods, events, device_cursors, read_positions CASCADE`,
+		`INSERT INTO users (user_id) VALUES ('bench-user'), ('bench-other')`,
+		`INSERT INTO devices (device_id, user_id, token_sha256) VALUES ('bench-user-d1', 'bench-user', '\x00')`,
+		fmt.Sprintf(`INSERT INTO conversations (conv_id, kind, member_count) SELECT 'c' || lpad(c::text, 4, '0'), 'group', 2 FROM generate_series(1, %d) c`, benchConvs),
+		`INSERT INTO membership_periods (conv_id, user_id, from_seq) SELECT conv_id, u, 1 FROM conversations, unnest(ARRAY['bench-user', 'bench-other']) u`,
+		// Conversation c's events have ts growing with c, so the highest
+		// numbered conversations are the most recently active. Seq 1 is the
+		// join; every 10th message is the user's own.
+		fmt.Sprintf(`INSERT INTO events (conv_id, seq, kind, sender, cmid, body, ts, users)
+			SELECT 'c' || lpad(c::text, 4, '0'), s,
+			       CASE WHEN s = 1 THEN 2 ELSE 1 END,
+			       CASE WHEN s = 1 THEN '' WHEN s %% 10 = 0 THEN 'bench-user' ELSE 'bench-other' END,
+			       CASE WHEN s = 1 THEN NULL ELSE 'm' || s END,
+			       CASE WHEN s = 1 THEN NULL ELSE decode(repeat('ab', 50), 'hex') END,
+			       1700000000000 + c * 100000 + s,
+			       CASE WHEN s = 1 THEN ARRAY['bench-user', 'bench-other'] END
+			  FROM generate_series(1, %d) c, generate_series(1, %d) s`, benchConvs, benchEvents),
+		fmt.Sprintf(`INSERT INTO read_positions (user_id, conv_id, read_seq)
+			SELECT 'bench-user', conv_id,
+			       CASE WHEN n > %[1]d - %[2]d THEN 0 WHEN n > %[1]d - %[2]d - %[3]d THEN %[4]d / 2 ELSE %[4]d END
+			  FROM (SELECT conv_id, row_number() OVER (ORDER BY conv_id) n FROM conversations) x`, benchConvs, benchUnread, benchHalfRead, benchEvents),
+		// Every seq up to 10,000 holds a row: what fan-out's AdvanceDense
+		// would record after the commits.
+		fmt.Sprintf(`UPDATE conversations SET dense_seq = %d`, benchEvents),
+		`VACUUM (ANALYZE) events`,
+		`VACUUM (ANALYZE) membership_periods`,
+		`VACUUM (ANALYZE) read_positions`,
+		`CREATE TABLE ` + benchReadyMark + ` ()`,
+	}
+	for _, q := range steps {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			b.Fatalf("%s: %v", q, err)
+		}
+	}
+	b.Logf("built in %s", time.Since(start).Round(time.Second))
+	return dbURL
+}
