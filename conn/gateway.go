@@ -75,6 +75,8 @@ func (g *Gateway) Run() error {
 		gnet.WithMulticore(g.cfg.Multicore),
 		gnet.WithTicker(true),
 		gnet.WithReusePort(false),
+		// A restart must be able to bind while the kicked connections sit in TIME_WAIT.
+		gnet.WithReuseAddr(true),
 		gnet.WithTCPNoDelay(gnet.TCPNoDelay),
 		gnet.WithTCPKeepAlive(time.Minute),
 		gnet.WithReadBufferCap(4096),
@@ -180,9 +182,20 @@ func (g *Gateway) OnClose(c gnet.Conn, _ error) gnet.Action {
 // OnTraffic frames and decodes every complete frame in the buffer.
 func (g *Gateway) OnTraffic(c gnet.Conn) gnet.Action {
 	s := c.Context().(*Session)
-	s.lastSeen.Store(time.Now().UnixNano())
+	// Only new bytes are activity: probe's Wake calls OnTraffic too, and
+	// must not keep a device that stopped reading and sending alive.
+	if c.InboundBuffered() > s.inbound {
+		s.lastSeen.Store(time.Now().UnixNano())
+	}
+	defer func() { s.inbound = c.InboundBuffered() }()
 	for {
 		n := c.InboundBuffered()
+		if false && s.closing.Load() {
+			// Refused or kicked: nothing more is read from this connection
+			// (an auth sent after the refusal must not authenticate it).
+			_, _ = c.Discard(n)
+			return gnet.None
+		}
 		if n < wire.HeaderLen {
 			return gnet.None
 		}
