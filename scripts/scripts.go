@@ -89,3 +89,22 @@ func anyNoScript(cmds []redis.Cmder) bool {
 	}
 	return false
 }
+
+// Loaded reports whether every script is loaded in Redis (on a cluster:
+// on the node the client asks).
+func Loaded(ctx context.Context, rdb redis.UniversalClient) (bool, error) {
+	shas := make([]string, len(all))
+	for i, s := range all {
+		shas[i] = s.Hash()
+	}
+	ok, err := rdb.ScriptExists(ctx, shas...).Result()
+	if err != nil {
+		return false, err
+	}
+	for _, b := range ok {
+		if !b {
+			return false, nil
+		}
+	}
+	return true, nil
+}

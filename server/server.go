@@ -211,8 +211,8 @@ func (s *Server) metricsMux() *http.ServeMux {
 	return mux
 }
 
-// Ready reports whether the gateway accepts connections and both stores
-// answer.
+// Ready reports whether the gateway accepts connections, both stores
+// answer and the Redis scripts are loaded.
 func (s *Server) Ready(ctx context.Context) error {
 	select {
 	case <-s.gw.Booted():
@@ -224,6 +224,17 @@ func (s *Server) Ready(ctx context.Context) error {
 	}
 	if err := s.rdb.Ping(ctx).Err(); err != nil {
 		return fmt.Errorf("redis: %w", err)
+	}
+	loaded, err := scripts.Loaded(ctx, s.rdb)
+	if err != nil {
+		return fmt.Errorf("redis: %w", err)
+	}
+	if !loaded {
+		// A Redis that restarted empty: load them again (readiness must not
+		// wait for the first NOSCRIPT).
+		if err := scripts.Load(ctx, s.rdb); err != nil {
+			return fmt.Errorf("redis scripts: %w", err)
+		}
 	}
 	return nil
 }
