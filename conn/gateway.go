@@ -113,7 +113,9 @@ func (g *Gateway) Shutdown(ctx context.Context) error {
 		g.mu.RUnlock()
 		// Give the kicks a moment to reach the clients.
 		deadline := time.Now().Add(500 * time.Millisecond)
-		for time.Now().Before(deadline) && g.eng.CountConnections() > 0 {
+		// (Not eng.CountConnections: gnet registers its loops after OnBoot,
+		// so it races with a Shutdown right after Start.)
+		for time.Now().Before(deadline) && g.Sessions() > 0 {
 			time.Sleep(20 * time.Millisecond)
 		}
 		err = g.eng.Stop(ctx)
@@ -190,7 +192,7 @@ func (g *Gateway) OnTraffic(c gnet.Conn) gnet.Action {
 	defer func() { s.inbound = c.InboundBuffered() }()
 	for {
 		n := c.InboundBuffered()
-		if false && s.closing.Load() {
+		if s.closing.Load() {
 			// Refused or kicked: nothing more is read from this connection
 			// (an auth sent after the refusal must not authenticate it).
 			_, _ = c.Discard(n)

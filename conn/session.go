@@ -23,6 +23,7 @@ type Session struct {
 
 	// Owned by the event loop.
 	gotFirst bool // the first frame (which must be auth) arrived
+	inbound  int  // bytes left unread in gnet's inbound buffer after OnTraffic
 
 	// Written once by the auth handler before authed is set; read-only after.
 	user   string
@@ -33,6 +34,7 @@ type Session struct {
 
 	lastSeen atomic.Int64 // unix nanos of the last frame received
 	closed   atomic.Bool
+	closing  atomic.Bool // fail or kickOut queued the last frame: ignore input
 
 	// Request queue, drained by one goroutine at a time (requests of one
 	// connection are handled in order; idle connections hold none).
@@ -84,7 +86,7 @@ func (s *Session) enqueue(req wire.Request) {
 func (s *Session) drain() {
 	for {
 		s.qmu.Lock()
-		if len(s.queue) == 0 || s.closed.Load() {
+		if len(s.queue) == 0 || s.closed.Load() || s.closing.Load() {
 			s.queue = nil
 			s.running = false
 			s.qmu.Unlock()
@@ -224,6 +226,7 @@ func (s *Session) probe() {
 
 // kickOut sends {t:"kick", reason} and closes the connection after it.
 func (s *Session) kickOut(reason string) {
+	s.closing.Store(true)
 	frame, _ := wire.AppendFrame(nil, wire.Kick{T: wire.TKick, Reason: reason})
 	s.omu.Lock()
 	s.out = append(s.out, frame...)
@@ -236,6 +239,7 @@ func (s *Session) kickOut(reason string) {
 
 // fail sends an error and closes the connection after it.
 func (s *Session) fail(rid string, e *wire.Error) {
+	s.closing.Store(true)
 	frame, _ := wire.AppendFrame(nil, wire.ErrorReply(rid, e))
 	s.omu.Lock()
 	s.out = append(s.out, frame...)

@@ -1,0 +1,369 @@
+package conn_test
+
+// The session rules of PROTOCOL.md §2 (auth first and in time, AUTH_FAILED,
+// ping, idle_timeout, replacement) and the rid rules of §1, against a real
+// server. Helpers are in gateway_test.go.
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/parley-im/parley/client"
+	"github.com/parley-im/parley/config"
+	"github.com/parley-im/parley/internal/testenv"
+	"github.com/parley-im/parley/wire"
+)
+
+func TestSession(t *testing.T) {
+	env := startEnv(t, func(c *config.Config) {
+		c.AuthTimeout = time.Second
+		c.IdleTimeout = 2 * time.Second
+	})
+	authTimeout, idleTimeout := env.Cfg.AuthTimeout, env.Cfg.IdleTimeout
+	// The gateway checks both timeouts once a second.
+	const tick = time.Second
+
+	// Any request other than auth (or ping, below) as the first frame:
+	// UNAUTHENTICATED, rid echoed, and the connection is closed. A frame
+	// with a known t that fails to decode counts as such a frame.
+	t.Run("FirstFrameNotAuth", func(t *testing.T) {
+		t.Parallel()
+		for _, first := range [][]byte{
+			mustFrame(t, wire.Request{T: wire.TSend, Rid: "r", Conv: "c", Cmid: "m", Body: []byte("x")}),
+			mustFrame(t, wire.Request{T: wire.TSync, Rid: "r", Conv: "c"}),
+			mustFrame(t, wire.Request{T: wire.TConvCreate, Rid: "r", Kind: "group", Members: []string{"x"}}),
+			withBody(mpMap("t", "send", "rid", "r", "conv", "c")),            // missing fields
+			withBody(mpMap("t", "ack", "rid", "r", "conv", "c", "seq", "1")), // wrong type
+		} {
+			r := dialRaw(t, env)
+			r.write(first)
+			r.expectError(wire.Unauthenticated, "r")
+			r.expectClosed(3 * time.Second)
+		}
+		// Without rid: the error has none either.
+		r := dialRaw(t, env)
+		r.send(wire.Request{T: wire.TAck, Conv: "c", Seq: 1})
+		r.expectError(wire.Unauthenticated, "")
+		r.expectClosed(3 * time.Second)
+		assertServerHealthy(t, env)
+	})
+
+	// A refused connection authenticates nothing afterwards: an auth
+	// pipelined behind the refused frame, or sent right after it, does
+	// not replace the device's live connection.
+	t.Run("NoAuthAfterRefusal", func(t *testing.T) {
+		t.Parallel()
+		dev := newUser(t, env, "u")
+		live := dialRaw(t, env)
+		live.auth(dev)
+		auth := mustFrame(t, wire.Request{T: wire.TAuth, Rid: "late", Device: dev.ID, Token: dev.Token})
+		// Sent apart, the auth races the close: repeat to catch it.
+		for range 20 {
+			for _, bad := range [][]byte{
+				mustFrame(t, wire.Request{T: wire.TSync, Rid: "r", Conv: "c"}),
+				withBody(mpMap("t", "sync", "rid", "r")), // conv missing
+			} {
+				r := dialRaw(t, env)
+				r.write(append(append([]byte(nil), bad...), auth...))
+				r.expectError(wire.Unauthenticated, "r")
+				r.expectClosed(3 * time.Second)
+
+				r = dialRaw(t, env)
+				r.write(bad)
+				r.write(auth)
+				r.expectError(wire.Unauthenticated, "r")
+				r.expectClosed(3 * time.Second)
+			}
+		}
+		live.ping()
+		if m, closed := live.nextWithin(300 * time.Millisecond); closed || m.T != "" {
+			t.Fatalf("the live connection got %+v (closed %v) from a refused one", m, closed)
+		}
+		live.ping()
+	})
+
+	// No frame within auth_timeout: UNAUTHENTICATED and close. Pings and
+	// a partial frame do not count as auth.
+	t.Run("AuthTimeout", func(t *testing.T) {
+		t.Parallel()
+		for _, tc := range []struct {
+			name  string
+			write []byte
+		}{
+			{"Silent", nil},
+			{"PartialHeader", []byte{0, 0}},
+			{"PartialBody", append(binary.BigEndian.AppendUint32(nil, 50), 0x81, 0xa1, 't')},
+		} {
+			start := time.Now()
+			r := dialRaw(t, env)
+			if tc.write != nil {
+				r.write(tc.write)
+			}
+			m, closed := r.next(authTimeout + tick + 2*time.Second)
+			if closed || m.T != wire.TError || m.Code != wire.Unauthenticated || m.Rid != "" {
+				t.Fatalf("%s: got %+v (closed %v), want UNAUTHENTICATED", tc.name, m, closed)
+			}
+			if d := time.Since(start); d < authTimeout-50*time.Millisecond {
+				t.Fatalf("%s: refused after %v, before auth_timeout %v", tc.name, d, authTimeout)
+			}
+			r.expectClosed(3 * time.Second)
+		}
+		// Pinging all the while: the pongs come, then the refusal.
+		start := time.Now()
+		r := dialRaw(t, env)
+		for i := 0; ; i++ {
+			r.send(wire.Request{T: wire.TPing, Rid: fmt.Sprint(i)})
+			m, closed := r.next(3 * time.Second)
+			if closed {
+				t.Fatalf("closed without UNAUTHENTICATED: %v", r.err)
+			}
+			if m.T == wire.TPong {
+				if time.Since(start) > authTimeout+tick+2*time.Second {
+					t.Fatalf("pinging keeps an unauthenticated connection open past auth_timeout")
+				}
+				time.Sleep(100 * time.Millisecond) // ping pacing
+				continue
+			}
+			if m.T != wire.TError || m.Code != wire.Unauthenticated {
+				t.Fatalf("got %+v", m)
+			}
+			break
+		}
+		// Any pong still in flight, then the close.
+		for {
+			m, closed := r.next(3 * time.Second)
+			if closed {
+				break
+			}
+			if m.T != wire.TPong {
+				t.Fatalf("after UNAUTHENTICATED: %+v", m)
+			}
+		}
+		assertServerHealthy(t, env)
+	})
+
+	// Unknown device or bad token: AUTH_FAILED, rid echoed, close.
+	t.Run("AuthFailed", func(t *testing.T) {
+		t.Parallel()
+		dev, other := newUser(t, env, "u"), newUser(t, env, "u")
+		for _, req := range []wire.Request{
+			{T: wire.TAuth, Rid: "a", Device: "no-such-device", Token: dev.Token},
+			{T: wire.TAuth, Rid: "a", Device: dev.ID, Token: dev.Token + "x"},
+			{T: wire.TAuth, Rid: "a", Device: dev.ID, Token: other.Token},
+			{T: wire.TAuth, Rid: "a", Device: dev.ID, Token: "", Has: wire.FToken},
+			{T: wire.TAuth, Device: dev.ID, Token: "nope"}, // no rid: error without one
+		} {
+			r := dialRaw(t, env)
+			r.send(req)
+			r.expectError(wire.AuthFailed, req.Rid)
+			r.expectClosed(3 * time.Second)
+		}
+		// The real token still works.
+		r := dialRaw(t, env)
+		r.auth(dev)
+		r.ping()
+		assertServerHealthy(t, env)
+	})
+
+	// PROTOCOL.md: ping "is always answered", and auth must be the first
+	// frame. The gateway answers ping before auth without counting it as
+	// the first frame: a client may ping, then authenticate.
+	t.Run("PingBeforeAuth", func(t *testing.T) {
+		t.Parallel()
+		r := dialRaw(t, env)
+		r.ping()
+		r.send(wire.Request{T: wire.TPing})
+		if m := r.expect(wire.TPong); m.Rid != "" || m.Ts == 0 {
+			t.Fatalf("pong = %+v", m)
+		}
+		r.auth(newUser(t, env, "u"))
+		r.ping()
+	})
+
+	// A body that is not a request (BAD_FRAME) before auth is answered
+	// like after auth, with the connection left open; it is not a
+	// request, so it is not "another frame first". A request with a
+	// missing field whose t is auth is BAD_REQUEST, and auth may follow.
+	t.Run("BadBodyBeforeAuth", func(t *testing.T) {
+		t.Parallel()
+		r := dialRaw(t, env)
+		r.write(withBody([]byte{0xc1}))
+		r.expectError(wire.BadFrame, "")
+		r.write(withBody(mpMap("t", "nope", "rid", "x")))
+		r.expectError(wire.BadFrame, "x")
+		r.write(withBody(mpMap("t", "auth", "rid", "y", "device", "d")))
+		r.expectError(wire.BadRequest, "y")
+		r.auth(newUser(t, env, "u"))
+		r.ping()
+	})
+
+	// An authenticated connection that sends nothing for idle_timeout is
+	// closed; one that pings stays open.
+	t.Run("IdleTimeout", func(t *testing.T) {
+		t.Parallel()
+		busy, _ := authedRaw(t, env)
+		idle, _ := authedRaw(t, env)
+		idleSince := time.Now()
+		var closedAfter time.Duration
+		for closedAfter == 0 {
+			select {
+			case <-idle.done:
+				closedAfter = time.Since(idleSince)
+			default:
+			}
+			if time.Since(idleSince) > idleTimeout+tick+2*time.Second {
+				t.Fatalf("an idle connection is still open after %v (idle_timeout %v)", time.Since(idleSince), idleTimeout)
+			}
+			busy.ping()
+			time.Sleep(200 * time.Millisecond) // ping pacing
+		}
+		if closedAfter < idleTimeout-50*time.Millisecond {
+			t.Fatalf("idle connection closed after %v, before idle_timeout %v", closedAfter, idleTimeout)
+		}
+		if m, closed := idle.next(time.Second); !closed {
+			t.Fatalf("idle connection got %+v", m)
+		}
+		// The busy one outlives another idle_timeout.
+		for end := time.Now().Add(idleTimeout + tick); time.Now().Before(end); {
+			busy.ping()
+			time.Sleep(200 * time.Millisecond)
+		}
+		busy.ping()
+	})
+
+	// A second connection of the same device replaces the first: the old
+	// one gets {t:"kick", reason:"replaced"} and is closed; the new one
+	// works and gets the device's pushes.
+	t.Run("Replaced", func(t *testing.T) {
+		t.Parallel()
+		dev, peer := newUser(t, env, "u"), newUser(t, env, "peer")
+		conv := name("c-repl")
+		env.Group(t, conv, dev.User, peer.User)
+		first := dialRaw(t, env)
+		first.auth(dev)
+		second := dialRaw(t, env)
+		second.auth(dev)
+		if m := first.expect(wire.TKick); m.Reason != "replaced" || m.Rid != "" {
+			t.Fatalf("kick = %+v", m)
+		}
+		first.expectClosed(3 * time.Second)
+		second.ping()
+		second.send(wire.Request{T: wire.TSend, Rid: "s", Conv: conv, Cmid: "m1", Body: []byte("from second")})
+		if m := second.expect(wire.TSendOK); m.Seq != 2 {
+			t.Fatalf("send_ok = %+v", m)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		cp, err := client.Dial(ctx, env.Addr, peer.ID, peer.Token, client.DialOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cp.Close()
+		if _, err := cp.Send(ctx, conv, "m2", []byte("to the device")); err != nil {
+			t.Fatal(err)
+		}
+		m := second.expect(wire.TPush)
+		if m.Seq == 1 { // the join, if fan-out was slower than the auths
+			m = second.expect(wire.TPush)
+		}
+		if m.Seq != 3 || string(m.Body) != "to the device" {
+			t.Fatalf("push = %+v", m)
+		}
+		// And a third replaces the second the same way.
+		third := dialRaw(t, env)
+		third.auth(dev)
+		if m := second.expect(wire.TKick); m.Reason != "replaced" {
+			t.Fatalf("kick = %+v", m)
+		}
+		second.expectClosed(3 * time.Second)
+		third.ping()
+		assertServerHealthy(t, env)
+	})
+
+	// auth on an authenticated connection: BAD_REQUEST; the session is
+	// unchanged.
+	t.Run("SecondAuth", func(t *testing.T) {
+		t.Parallel()
+		r, dev := authedRaw(t, env)
+		other := newUser(t, env, "u")
+		r.send(wire.Request{T: wire.TAuth, Rid: "again", Device: other.ID, Token: other.Token})
+		r.expectError(wire.BadRequest, "again")
+		conv := name("c-second")
+		env.Group(t, conv, dev.User)
+		r.send(wire.Request{T: wire.TSync, Rid: "s", Conv: conv})
+		if m := r.expect(wire.TSyncOK); m.Head != 1 {
+			t.Fatalf("sync = %+v", m)
+		}
+	})
+
+	// ping without rid: pong without rid.
+	t.Run("PingWithoutRid", func(t *testing.T) {
+		t.Parallel()
+		r, _ := authedRaw(t, env)
+		r.write(withBody(mpMap("t", "ping")))
+		if m := r.expect(wire.TPong); m.Rid != "" || m.Ts == 0 {
+			t.Fatalf("pong = %+v", m)
+		}
+		r.write(withBody(mpMap("t", "ping", "rid", nil))) // nil counts as absent
+		if m := r.expect(wire.TPong); m.Rid != "" {
+			t.Fatalf("pong = %+v", m)
+		}
+	})
+
+	// A request without rid gets no success reply, but its errors, without
+	// rid.
+	t.Run("RequestWithoutRid", func(t *testing.T) {
+		t.Parallel()
+		r, dev := authedRaw(t, env)
+		conv, theirs := name("c-norid"), name("c-theirs")
+		env.Group(t, conv, dev.User)
+		env.Group(t, theirs, newUser(t, env, "o").User)
+
+		r.send(wire.Request{T: wire.TSend, Conv: conv, Cmid: "m1", Body: []byte("fire and forget")})
+		testenv.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+			r.send(wire.Request{T: wire.TSync, Rid: "s", Conv: conv})
+			m := r.expect(wire.TSyncOK) // not send_ok: none is due
+			if m.Head != 2 {
+				return fmt.Errorf("head %d: the send is not committed yet", m.Head)
+			}
+			return nil
+		})
+		r.send(wire.Request{T: wire.TAck, Conv: conv, Seq: 2})
+		r.send(wire.Request{T: wire.TSend, Conv: theirs, Cmid: "m2", Body: []byte("x")})
+		r.expectError(wire.NotMember, "")
+		r.send(wire.Request{T: wire.TSend, Conv: conv, Cmid: "m3", Body: make([]byte, env.Cfg.MaxBody+1)})
+		r.expectError(wire.TooLarge, "")
+		r.send(wire.Request{T: wire.TAck, Conv: conv, Seq: 99})
+		r.expectError(wire.CursorAhead, "")
+		r.write(withBody(mpMap("t", "ack", "conv", conv, "seq", "x")))
+		r.expectError(wire.BadRequest, "")
+		// The ack without rid took effect, silently.
+		r.send(wire.Request{T: wire.TAck, Rid: "a", Conv: conv, Seq: 1})
+		if m := r.expect(wire.TAckOK); m.Rid != "a" || m.Delivered != 2 {
+			t.Fatalf("ack_ok = %+v", m)
+		}
+		r.ping()
+	})
+}
+
+// nextWithin returns the next frame if one arrives within d (m.T is ""
+// otherwise): for checking that nothing arrives.
+func (r *rawConn) nextWithin(d time.Duration) (m wire.Message, closed bool) {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	for {
+		select {
+		case m = <-r.frames:
+		case <-r.done:
+			return wire.Message{}, true
+		case <-timer.C:
+			return wire.Message{}, false
+		}
+		if r.strict || m.T != wire.TPush {
+			return m, false
+		}
+	}
+}
