@@ -1128,9 +1128,10 @@ func TestNotMember(t *testing.T) {
 		s.Events[1].Cmid != "secret" || s.Events[2].Cmid != "secret2" {
 		t.Fatalf("ana's sync = %+v, %v", s, err)
 	}
-	// (Each refused send / members_add / leave of eve's still took a seq
-	// of the conversation: head is 3 + those. Reported, not asserted here.)
-	t.Logf("head after eve's refused requests: %d (3 events)", s.Head)
+	// A refused request takes no seq: head is still the 3 events.
+	if s.Head != 3 || s.Upto != 3 {
+		t.Fatalf("head %d, upto %d after eve's refused requests: want 3", s.Head, s.Upto)
+	}
 	r.ping() // the next frame is the pong: no push reached eve
 	assertServerHealthy(t, env)
 	r.ping()

@@ -68,7 +68,8 @@ type Log struct {
 	onCommit func([]Committed)
 	now      func() time.Time
 
-	sends *batch.Batcher[*pendingSend]
+	sends   *batch.Batcher[*pendingSend]
+	members memberCache
 }
 
 type pendingSend struct {
@@ -81,7 +82,8 @@ type pendingSend struct {
 // event, in commit batches, after its transaction committed; it must not
 // block for long (queue the work).
 func New(st *store.Store, seqs *seq.Allocator, cfg Config, log *slog.Logger, onCommit func([]Committed)) *Log {
-	l := &Log{st: st, seqs: seqs, cfg: cfg, log: log, onCommit: onCommit, now: time.Now}
+	l := &Log{st: st, seqs: seqs, cfg: cfg, log: log, onCommit: onCommit, now: time.Now,
+		members: memberCache{st: st, ttl: 5 * time.Second}}
 	l.sends = batch.New(cfg.CommitWorkers, cfg.CommitBatch, cfg.CommitBatch*cfg.CommitWorkers*4, l.commitSends)
 	return l
 }
@@ -90,9 +92,17 @@ func New(st *store.Store, seqs *seq.Allocator, cfg Config, log *slog.Logger, onC
 func (l *Log) Close() { l.sends.Close() }
 
 // Send queues m; done is called exactly once, after m was committed (or
-// found to be a duplicate) or failed. Sends queued by one caller are
+// found to be a duplicate) or failed. A sender who is not a current member
+// is refused before any seq is allocated. Sends queued by one caller are
 // committed in order.
 func (l *Log) Send(ctx context.Context, m Message, done func(SendResult)) {
+	if ok, err := l.members.isMember(ctx, m.Sender, m.Conv); err != nil || !ok {
+		if err == nil {
+			err = store.ErrNotMember
+		}
+		done(SendResult{Err: err})
+		return
+	}
 	if err := l.sends.Submit(ctx, &pendingSend{ctx: ctx, msg: m, done: done}); err != nil {
 		done(SendResult{Err: err})
 	}
@@ -281,6 +291,7 @@ func (l *Log) RemoveMember(ctx context.Context, conv, actor, device, user string
 	var head int64
 	err := l.membership(ctx, conv, actor, func(ch store.MembershipChange) (err error) {
 		head, err = l.st.RemoveMember(ctx, ch, user)
+		l.members.forget(user, conv)
 		if err == nil {
 			l.committed(ch, store.KindLeave, []string{user}, device)
 		}
@@ -308,6 +319,14 @@ func (l *Log) Recall(ctx context.Context, conv, actor, device string, target int
 // recall), re-allocating while the seq turns out to be taken; a seq left
 // unused by a refused change is fenced at once.
 func (l *Log) membership(ctx context.Context, conv, actor string, apply func(store.MembershipChange) error) error {
+	if actor != "" {
+		if ok, err := l.members.isMember(ctx, actor, conv); err != nil || !ok {
+			if err == nil {
+				err = store.ErrNotMember
+			}
+			return err
+		}
+	}
 	for attempt := 0; attempt < 5; attempt++ {
 		s, err := l.seqs.AllocOne(ctx, conv)
 		if err != nil {
