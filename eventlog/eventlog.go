@@ -303,8 +303,18 @@ func (l *Log) RemoveMember(ctx context.Context, conv, actor, device, user string
 // Recall appends a recall event for the message at target (sent by actor
 // within window).
 func (l *Log) Recall(ctx context.Context, conv, actor, device string, target int64, window time.Duration) (store.RecallResult, error) {
-	var res store.RecallResult
-	err := l.membership(ctx, conv, actor, func(ch store.MembershipChange) (err error) {
+	if ok, err := l.members.isMember(ctx, actor, conv); err != nil || !ok {
+		if err == nil {
+			err = store.ErrNotMember
+		}
+		return store.RecallResult{}, err
+	}
+	// Refusals and repeats are answered without allocating a seq.
+	res, done, err := l.st.CheckRecall(ctx, conv, actor, target, window.Milliseconds(), l.now().UnixMilli())
+	if err != nil || done {
+		return res, err
+	}
+	err = l.membership(ctx, conv, actor, func(ch store.MembershipChange) (err error) {
 		res, err = l.st.Recall(ctx, ch, target, window.Milliseconds())
 		if err == nil && !res.Again && l.onCommit != nil {
 			l.onCommit([]Committed{{Device: device, Event: store.Event{Conv: conv, Seq: ch.Seq, Kind: store.KindRecall,

@@ -159,6 +159,31 @@ type RecallResult struct {
 	Again  bool // the target was recalled before: Seq is that first recall's
 }
 
+// CheckRecall answers a recall that needs no new event, before a seq is
+// allocated for it: the target was recalled already (done, with the first
+// recall), or the recall is refused (ErrNoMessage, ErrNotSender,
+// ErrRecallWindow). Recall checks again under the row lock.
+func (s *Store) CheckRecall(ctx context.Context, conv, actor string, target, windowMs, now int64) (r RecallResult, done bool, err error) {
+	var sender string
+	var ts int64
+	var recalledBy *int64
+	err = s.pool.QueryRow(ctx, `SELECT sender, ts, recalled_by FROM events WHERE conv_id = $1 AND seq = $2 AND kind = 1`,
+		conv, target).Scan(&sender, &ts, &recalledBy)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return r, false, ErrNoMessage
+	case err != nil:
+		return r, false, err
+	case sender != actor:
+		return r, false, ErrNotSender
+	case recalledBy != nil:
+		return RecallResult{Seq: *recalledBy, Target: target, Again: true}, true, nil
+	case now-ts > windowMs:
+		return r, false, ErrRecallWindow
+	}
+	return r, false, nil
+}
+
 // Recall appends a recall event at ch.Seq for message target, marks the
 // target recalled and empties its body, in one transaction. Only the
 // sender (ch.Actor, a current member) may recall, within window
