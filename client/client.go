@@ -23,8 +23,10 @@ package client
 //     seqs, and the server promises that a seq covered by upto never gains
 //     an event later, so advancing only by upto never skips anything).
 //     Loop while `more`.
-//   - after every (re)connect: sync every known conversation, because
-//     pushes sent while we were away are gone for good.
+//   - after every (re)connect: catch up on every known conversation,
+//     because pushes sent while we were away are gone for good. One
+//     snapshot request tells the heads of all of them; only those whose
+//     head is above the cursor are synced.
 //
 // Because of the cursor, OnEvent sees every visible event of a
 // conversation exactly once, in seq order, whichever path (push, local
@@ -43,6 +45,9 @@ package client
 //   - sync workers (syncWorker), at most one per conversation at a time and
 //     at most maxSyncs doing a request at once: they send sync requests and
 //     hand every page to the loop;
+//   - after each (re)connect, a snapshot worker (snapshotWorker) that
+//     asks for the heads of every known conversation and hands the
+//     replies to the loop;
 //   - the acker (ackLoop), with Options.AutoAck;
 //   - the reader goroutine of the current Conn.
 //
@@ -86,6 +91,9 @@ const (
 	// reconnect every conversation wants one; the server queues at most
 	// 256 requests per connection).
 	maxSyncs = 8
+	// maxSnapshot is the most conversations one snapshot request names
+	// (the server's limit).
+	maxSnapshot = 500
 	// A sync page whose upto did not advance means a seq is allocated but
 	// not committed yet on the server (a send in flight). Wait a little
 	// and try again, a bounded number of times, then retry later.
@@ -670,10 +678,11 @@ func (c *Client) supervise() {
 		attempt = 0
 		c.setConn(conn)
 		c.setState(Connected, nil)
-		c.firstUpOnce.Do(func() { close(c.firstUp) })
 		// Pushes sent while we were away are lost: catch up on every known
-		// conversation.
+		// conversation. (Queued before Start returns, so that the resync
+		// covers exactly the conversations known before the connection.)
 		c.in.put(resyncItem{})
+		c.firstUpOnce.Do(func() { close(c.firstUp) })
 		c.wakeAcker()
 
 		select {
@@ -892,8 +901,14 @@ type (
 		gen  int
 		err  error
 	}
-	resyncItem struct{} // after a (re)connect
-	stateItem  struct {
+	resyncItem    struct{} // after a (re)connect
+	snapshotReply struct { // one snapshot chunk of a resync, from snapshotWorker
+		conn  *Conn
+		asked []wire.ConvAfter
+		reply wire.Message
+		err   error
+	}
+	stateItem struct {
 		st  State
 		err error
 	}
@@ -1004,6 +1019,8 @@ func (c *Client) handle(it any) {
 		c.onSyncDone(it)
 	case resyncItem:
 		c.resyncAll()
+	case snapshotReply:
+		c.onSnapshot(it)
 	case stateItem:
 		if it.st == Closed {
 			c.mu.Lock()
@@ -1124,25 +1141,113 @@ func (c *Client) trigger(cs *convState) {
 	go c.syncWorker(cs.id, cs.gen, cs.cursor.Load())
 }
 
-// resyncAll syncs every known conversation, after each (re)connect.
+// resyncAll catches up on every known conversation after each
+// (re)connect: pushes sent while we were away are gone for good.
 //
-// TODO(snapshot): once the server implements `snapshot`, send one snapshot
-// request with every {conv, after: cursor} instead: conversations with
-// head == cursor (most of them) then cost nothing, and the others come
-// back with their events in the same round trip; only items with
-// skipped > 0 still need a sync to fill the middle. Until then, one sync
-// per conversation, at most maxSyncs at a time. Conversations the user was
-// added to while offline are not discovered here (only by their next push
-// or hint); a `convs` listing would find them once the server has it.
+// It asks for the heads first, with one snapshot request for all of them
+// (chunks of maxSnapshot, sent by snapshotWorker; the event loop does no
+// I/O), and then syncs only the conversations whose head is above the
+// cursor (onSnapshot). Most conversations have not moved while a device
+// was away, so a reconnect costs one round trip instead of one sync per
+// conversation.
+//
+// The snapshot's events are deliberately NOT delivered. The cursor rule
+// is "every seq <= cursor has been processed", and a snapshot cannot prove
+// it: its events are the visible events only, with no upto, so a seq
+// missing between two of them may be invisible to this user (outside a
+// membership period, a hole) or simply not committed yet; and a large gap
+// comes back as a tail with `skipped` events left out. Only a sync page
+// (whose upto covers the invisible seqs, and never gains an event later)
+// may move the cursor. Delivering the snapshot events would save one
+// round trip per changed conversation at the price of a second, subtler
+// cursor rule; the existing sync path is already correct, so it does the
+// work.
+//
+// Dead conversations (NOT_MEMBER) are left out, as before: a push, hint
+// or explicit Sync revives them. A snapshot carries no epoch, so a new
+// epoch of a conversation whose head happens to equal our cursor is only
+// noticed by its next sync (the next event triggers one). Conversations
+// the user was added to while offline are not discovered here (only by
+// their next push or hint); the app can list them with Convs.
 func (c *Client) resyncAll() {
 	c.mu.Lock()
-	all := make([]*convState, 0, len(c.convs))
+	all := make([]wire.ConvAfter, 0, len(c.convs))
 	for _, cs := range c.convs {
-		all = append(all, cs)
+		if cs.dead == nil {
+			all = append(all, wire.ConvAfter{Conv: cs.id, After: cs.cursor.Load()})
+		}
 	}
 	c.mu.Unlock()
-	for _, cs := range all {
-		c.trigger(cs)
+	if len(all) == 0 {
+		return
+	}
+	conn := c.Conn()
+	if conn == nil {
+		return // gone again already: the next connection's resync takes over
+	}
+	slices.SortFunc(all, func(a, b wire.ConvAfter) int { return cmp.Compare(a.Conv, b.Conv) })
+	c.wg.Add(1)
+	go c.snapshotWorker(conn, all)
+}
+
+// snapshotWorker sends the snapshot requests of one resync, one chunk at
+// a time, and hands each reply to the event loop.
+func (c *Client) snapshotWorker(conn *Conn, all []wire.ConvAfter) {
+	defer c.wg.Done()
+	for chunk := range slices.Chunk(all, maxSnapshot) {
+		ctx, cancel := context.WithTimeout(c.ctx, c.opt.RequestTimeout)
+		r, err := conn.Snapshot(ctx, chunk)
+		cancel()
+		if c.isClosing() {
+			return
+		}
+		c.log.Debug("snapshot", "convs", len(chunk), "err", err)
+		c.in.put(snapshotReply{conn: conn, asked: chunk, reply: r, err: err})
+	}
+}
+
+// onSnapshot applies one snapshot_ok of a resync: it syncs the
+// conversations whose head is above the cursor (see resyncAll).
+func (c *Client) onSnapshot(s snapshotReply) {
+	if s.err != nil {
+		select {
+		case <-s.conn.Done():
+			return // that connection is gone: the next one's resync takes over
+		default:
+		}
+		// A server without snapshot, UNAVAILABLE, a timeout: fall back to
+		// one sync per conversation (each with its own retry policy).
+		c.log.Info("snapshot failed; syncing each conversation", "convs", len(s.asked), "err", s.err)
+		for _, ca := range s.asked {
+			if cs := c.known(ca.Conv); cs != nil {
+				c.trigger(cs)
+			}
+		}
+		return
+	}
+	items := make(map[string]*wire.Item, len(s.reply.Items))
+	for i := range s.reply.Items {
+		items[s.reply.Items[i].Conv] = &s.reply.Items[i]
+	}
+	for _, ca := range s.asked {
+		cs := c.known(ca.Conv)
+		if cs == nil {
+			continue
+		}
+		it := items[ca.Conv]
+		if it == nil || it.Error != "" {
+			// Missing, NOT_MEMBER, CURSOR_AHEAD: the sync knows what to do
+			// about each (give up, reset the cursor, retry).
+			c.trigger(cs)
+			continue
+		}
+		cs.head = max(cs.head, it.Head)
+		// Compared with the cursor now, not the one we asked with: pushes
+		// may have moved it meanwhile. Anything committed after the
+		// snapshot was read is pushed to this connection.
+		if it.Head > cs.cursor.Load() || len(cs.pending) > 0 {
+			c.trigger(cs)
+		}
 	}
 }
 

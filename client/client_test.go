@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"runtime"
@@ -882,4 +883,183 @@ func TestScriptedServer(t *testing.T) {
 	}
 	c.Close()
 	ln.Close()
+}
+
+// requests reads f's frames on a goroutine until the connection ends
+// (FrameReader errors are sticky, so a read deadline cannot be used to
+// wait for "nothing more").
+func (f *fakeConn) requests() <-chan wire.Request {
+	ch := make(chan wire.Request, 64)
+	go func() {
+		defer close(ch)
+		for {
+			b, err := f.fr.Next()
+			if err != nil {
+				return
+			}
+			q, err := wire.DecodeRequest(b)
+			if err != nil {
+				return
+			}
+			ch <- q
+		}
+	}()
+	return ch
+}
+
+// next returns the next request, failing the test if none comes in 5 s.
+func next(t *testing.T, reqs <-chan wire.Request) wire.Request {
+	t.Helper()
+	select {
+	case q, ok := <-reqs:
+		if !ok {
+			t.Fatal("fake server: connection ended")
+		}
+		return q
+	case <-time.After(5 * time.Second):
+		t.Fatal("fake server: no request in 5 s")
+	}
+	panic("unreachable")
+}
+
+// quiet checks that the client sends nothing for d.
+func quiet(t *testing.T, reqs <-chan wire.Request, d time.Duration) {
+	t.Helper()
+	select {
+	case q, ok := <-reqs:
+		if ok {
+			t.Fatalf("fake server: unexpected request %+v", q)
+		}
+	case <-time.After(d):
+	}
+}
+
+// After a reconnect the client asks for the heads of all its
+// conversations with ONE snapshot request and syncs only the one whose
+// head moved; the snapshot's own events are not delivered (only the
+// sync's, which can move the cursor). If the snapshot fails on a live
+// connection, it falls back to one sync per conversation.
+func TestResyncSnapshotsOnceAndSyncsOnlyChanged(t *testing.T) {
+	leakCheckAtEnd(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	rec := newRecorder()
+	c := client.New(client.Options{
+		Addr: ln.Addr().String(), Device: "d", Token: "tok",
+		MinBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond,
+		OnEvent: rec.onEvent, OnState: rec.onState, Logger: testLogger(),
+	})
+	defer c.Close()
+	for _, conv := range []string{"a", "b", "c"} {
+		c.Watch(conv, 5)
+	}
+	started := make(chan error, 1)
+	go func() { started <- c.Start(testCtx(t)) }()
+	var conns []*fakeConn
+	auth := func() <-chan wire.Request {
+		t.Helper()
+		f, _ := fakeAccept(t, ln)
+		q := f.read()
+		if q.T != wire.TAuth {
+			t.Fatalf("first frame %+v, want auth", q)
+		}
+		f.write(wire.AuthOK{Rid: q.Rid, User: "u", Device: "d", InstallEpoch: 1, Ts: 1})
+		reqs := f.requests()
+		conns = append(conns, f)
+		return reqs
+	}
+	item := func(conv string, head int64, evs ...wire.Event) wire.SnapshotItem {
+		if evs == nil {
+			evs = []wire.Event{}
+		}
+		return wire.SnapshotItem{Conv: conv, Head: head, Events: evs}
+	}
+	unchanged := func(q wire.Request) wire.SyncOK {
+		return wire.SyncOK{Rid: q.Rid, Conv: q.Conv, Epoch: 1, Head: 5, MinSeq: 1, Upto: 5}
+	}
+
+	// First connection: the Watch calls may or may not get their syncs
+	// through (they race with the dial); the resync sends one snapshot.
+	reqs := auth()
+	if err := <-started; err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	snapshots := 0
+	for done := false; !done; {
+		select {
+		case q := <-reqs:
+			switch q.T {
+			case wire.TSync:
+				conns[0].write(unchanged(q))
+			case wire.TSnapshot:
+				snapshots++
+				conns[0].write(wire.SnapshotOK{Rid: q.Rid, Items: []wire.SnapshotItem{item("a", 5), item("b", 5), item("c", 5)}})
+			default:
+				t.Fatalf("first connection: unexpected %+v", q)
+			}
+		case <-time.After(300 * time.Millisecond):
+			done = true
+		}
+	}
+	if snapshots != 1 {
+		t.Fatalf("first connection: %d snapshots, want 1", snapshots)
+	}
+
+	// Second connection: b moved to 7 while we were away (6 is visible,
+	// 7 too; the snapshot reports only 7, as if 6 were invisible, to show
+	// that its events are not delivered).
+	conns[0].nc.Close()
+	reqs = auth()
+	q := next(t, reqs)
+	want := []wire.ConvAfter{{Conv: "a", After: 5}, {Conv: "b", After: 5}, {Conv: "c", After: 5}}
+	if q.T != wire.TSnapshot || !slices.Equal(q.Convs, want) {
+		t.Fatalf("after the reconnect: %+v, want one snapshot of %v", q, want)
+	}
+	e6 := wire.Event{Seq: 6, Kind: wire.KindMsg, Sender: "v", Body: []byte("six"), Ts: 6, Cmid: "6"}
+	e7 := wire.Event{Seq: 7, Kind: wire.KindMsg, Sender: "v", Body: []byte("seven"), Ts: 7, Cmid: "7"}
+	conns[1].write(wire.SnapshotOK{Rid: q.Rid, Items: []wire.SnapshotItem{item("a", 5), item("b", 7, e7), item("c", 5)}})
+	q = next(t, reqs)
+	if q.T != wire.TSync || q.Conv != "b" || q.After != 5 {
+		t.Fatalf("after the snapshot: %+v, want sync b after 5", q)
+	}
+	conns[1].write(wire.SyncOK{Rid: q.Rid, Conv: "b", Epoch: 1, Head: 7, MinSeq: 1, Upto: 7, Events: []wire.Event{e6, e7}})
+	quiet(t, reqs, 300*time.Millisecond)
+	eventually(t, 5*time.Second, "b at 7", func() bool { return c.Cursor("b") == 7 })
+	if got := rec.seqs("b"); !slices.Equal(got, []int64{6, 7}) {
+		t.Fatalf("b's seqs = %v, want [6 7] once each", got)
+	}
+	if a, cc := c.Cursor("a"), c.Cursor("c"); a != 5 || cc != 5 {
+		t.Fatalf("cursors a=%d c=%d, want 5 (unchanged)", a, cc)
+	}
+
+	// Third connection: the snapshot fails (UNAVAILABLE) on a live
+	// connection: one sync per conversation instead.
+	conns[1].nc.Close()
+	reqs = auth()
+	q = next(t, reqs)
+	if q.T != wire.TSnapshot {
+		t.Fatalf("after the second reconnect: %+v, want a snapshot", q)
+	}
+	conns[2].write(wire.ErrorReply(q.Rid, &wire.Error{Code: wire.Unavailable, Msg: "down"}))
+	synced := map[string]int64{}
+	for range 3 {
+		q := next(t, reqs)
+		if q.T != wire.TSync {
+			t.Fatalf("after a failed snapshot: %+v, want syncs", q)
+		}
+		synced[q.Conv] = q.After
+		if q.Conv == "b" {
+			conns[2].write(wire.SyncOK{Rid: q.Rid, Conv: "b", Epoch: 1, Head: 7, MinSeq: 1, Upto: 7})
+		} else {
+			conns[2].write(unchanged(q))
+		}
+	}
+	if wantSynced := map[string]int64{"a": 5, "b": 7, "c": 5}; !maps.Equal(synced, wantSynced) {
+		t.Fatalf("synced %v, want %v", synced, wantSynced)
+	}
+	quiet(t, reqs, 300*time.Millisecond)
+	c.Close()
 }

@@ -123,6 +123,15 @@ func (c *Conn) Do(ctx context.Context, req wire.Request) (wire.Message, error) {
 		}
 		return m, nil
 	case <-c.done:
+		// The reply may have arrived just before the close: prefer it.
+		select {
+		case m := <-ch:
+			if m.T == wire.TError {
+				return m, m.Err()
+			}
+			return m, nil
+		default:
+		}
 		return wire.Message{}, fmt.Errorf("%w: %v", ErrClosed, c.Err())
 	case <-ctx.Done():
 		return wire.Message{}, ctx.Err()

@@ -1,0 +1,159 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+)
+
+// runAdmin is `parley-cli admin …`: the admin HTTP API (PROTOCOL.md §7),
+// enough to try Parley with nothing else.
+func runAdmin(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("parley-cli admin", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	base := fs.String("admin", envOr("PARLEY_ADMIN_URL", "http://127.0.0.1:8081"), "admin API `URL` ($PARLEY_ADMIN_URL)")
+	token := fs.String("token", os.Getenv("PARLEY_ADMIN_TOKEN"), "admin `token` ($PARLEY_ADMIN_TOKEN)")
+	asJSON := fs.Bool("json", false, "print the API's JSON reply as is")
+	timeout := fs.Duration("timeout", 10*time.Second, "request timeout")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), `parley-cli admin [flags] COMMAND ARGS: the admin API.
+
+  user ID                     create a user
+  device ID USER              create a device of USER; prints its token
+  group ID|- MEMBER...        create a group (-: the server picks the id)
+  conv ID                     show a conversation (kind, head, members, mode)
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK
+		}
+		return exitUsage
+	}
+	bad := func(msg string) int {
+		fmt.Fprintln(stderr, "parley-cli admin: "+msg)
+		return exitUsage
+	}
+	if *token == "" {
+		return bad("-token (or $PARLEY_ADMIN_TOKEN) is required: the admin token parleyd printed at start")
+	}
+	a := fs.Args()
+	if len(a) == 0 {
+		return bad("a COMMAND is needed (user, device, group, conv); try -h")
+	}
+	var method, path string
+	var body any
+	switch a[0] {
+	case "user":
+		if len(a) != 2 {
+			return bad("usage: user ID")
+		}
+		method, path, body = "POST", "/v1/users", map[string]string{"id": a[1]}
+	case "device":
+		if len(a) != 3 {
+			return bad("usage: device ID USER")
+		}
+		method, path, body = "POST", "/v1/devices", map[string]string{"id": a[1], "user": a[2]}
+	case "group":
+		if len(a) < 2 {
+			return bad("usage: group ID|- MEMBER...")
+		}
+		req := map[string]any{"kind": "group", "members": append([]string{}, a[2:]...)}
+		if a[1] != "-" {
+			req["id"] = a[1]
+		}
+		method, path, body = "POST", "/v1/conversations", req
+	case "conv":
+		if len(a) != 2 {
+			return bad("usage: conv ID")
+		}
+		method, path = "GET", "/v1/conversations/"+url.PathEscape(a[1])
+	default:
+		return bad(fmt.Sprintf("unknown command %q (user, device, group, conv)", a[0]))
+	}
+
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	status, reply, err := adminCall(ctx, strings.TrimRight(*base, "/"), *token, method, path, body)
+	if err != nil {
+		if *asJSON {
+			fmt.Fprintln(stdout, jsonLine(errorJSON{Error: "UNREACHABLE", Msg: err.Error()}))
+		} else {
+			fmt.Fprintln(stderr, "parley-cli admin:", err)
+		}
+		return exitUnreachable
+	}
+	if status >= 300 {
+		var e struct{ Code, Msg string }
+		if json.Unmarshal(reply, &e) != nil || e.Code == "" {
+			e.Code, e.Msg = "INTERNAL", fmt.Sprintf("HTTP %d: %s", status, bytes.TrimSpace(reply))
+		}
+		if *asJSON {
+			fmt.Fprintln(stdout, jsonLine(errorJSON{Error: e.Code, Msg: e.Msg}))
+		} else {
+			fmt.Fprintf(stderr, "parley-cli admin: %s: %s\n", e.Code, e.Msg)
+		}
+		return exitRefused
+	}
+	if *asJSON {
+		fmt.Fprintln(stdout, string(bytes.TrimSpace(reply)))
+		return exitOK
+	}
+	var r struct {
+		ID, User, Token, Kind, Title, Mode string
+		Head, Members                      int64
+	}
+	_ = json.Unmarshal(reply, &r)
+	switch a[0] {
+	case "user":
+		fmt.Fprintf(stdout, "created user %s\n", r.ID)
+	case "device":
+		// The token alone on stdout, so that TOKEN=$(parley-cli admin device …) works.
+		fmt.Fprintln(stdout, r.Token)
+		fmt.Fprintf(stderr, "created device %s of %s (the token is shown once). Connect with:\n  parley-cli -device %s -token %s\n",
+			r.ID, r.User, r.ID, r.Token)
+	case "group":
+		fmt.Fprintf(stdout, "created group %s (head %d)\n", r.ID, r.Head)
+	case "conv":
+		fmt.Fprintf(stdout, "%s: %s, head %d, %d members, mode %s\n", r.ID, r.Kind, r.Head, r.Members, r.Mode)
+	}
+	return exitOK
+}
+
+func adminCall(ctx context.Context, base, token, method, path string, body any) (int, []byte, error) {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return 0, nil, err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, base+path, rd)
+	if err != nil {
+		return 0, nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	return resp.StatusCode, b, err
+}

@@ -1,0 +1,271 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/parley-im/parley/internal/parleytest"
+)
+
+// cli runs the CLI in-process with stdin and returns its exit status and
+// output.
+func cli(t *testing.T, stdin string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var out, errb lockedBuffer
+	code = run(ctx, args, strings.NewReader(stdin), &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// decode parses out as exactly one JSON object.
+func decode[T any](t *testing.T, what, out string) T {
+	t.Helper()
+	var v T
+	dec := json.NewDecoder(strings.NewReader(out))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&v); err != nil {
+		t.Fatalf("%s: output %q is not the expected JSON: %v", what, out, err)
+	}
+	if dec.More() {
+		t.Fatalf("%s: more than one JSON value in %q", what, out)
+	}
+	return v
+}
+
+type event struct {
+	Conv     string   `json:"conv"`
+	T        string   `json:"t"`
+	Seq      int64    `json:"seq"`
+	Kind     string   `json:"kind"`
+	Sender   string   `json:"sender"`
+	Body     *string  `json:"body"`
+	Ts       int64    `json:"ts"`
+	Cmid     string   `json:"cmid"`
+	Recalled bool     `json:"recalled"`
+	Target   int64    `json:"target"`
+	Users    []string `json:"users"`
+}
+
+type errorOut struct {
+	Error string `json:"error"`
+	Msg   string `json:"msg"`
+}
+
+// Admin helpers provision users, devices and a group; then -json send,
+// convs, open and read print one JSON object each with the protocol's
+// fields; errors give {"error": CODE} and the documented exit statuses;
+// watch prints pushes as JSON lines; an interactive session runs a script.
+func TestCLI(t *testing.T) {
+	env := parleytest.Start(t, parleytest.Config(t))
+	admin := func(args ...string) (int, string, string) {
+		t.Helper()
+		return cli(t, "", append([]string{"admin", "-admin", env.AdminURL, "-token", parleytest.AdminToken}, args...)...)
+	}
+	for _, u := range []string{"ana", "ben"} {
+		if code, out, errOut := admin("user", u); code != 0 || out != "created user "+u+"\n" {
+			t.Fatalf("admin user %s: %d %q %q", u, code, out, errOut)
+		}
+	}
+	code, out, errOut := admin("device", "ana-cli", "ana")
+	anaTok := strings.TrimSpace(out)
+	if code != 0 || anaTok == "" || strings.Contains(anaTok, " ") || !strings.Contains(errOut, "-device ana-cli -token "+anaTok) {
+		t.Fatalf("admin device: %d %q %q; want the token alone on stdout", code, out, errOut)
+	}
+	code, out, _ = admin("-json", "device", "ben-cli", "ben")
+	dev := decode[struct {
+		ID, User, Token string
+		InstallEpoch    int64 `json:"install_epoch"`
+	}](t, "admin -json device", out)
+	if code != 0 || dev.ID != "ben-cli" || dev.User != "ben" || dev.Token == "" {
+		t.Fatalf("admin -json device: %d %+v", code, dev)
+	}
+	benTok := dev.Token
+	if code, out, errOut := admin("group", "g1", "ana", "ben"); code != 0 || out != "created group g1 (head 1)\n" {
+		t.Fatalf("admin group: %d %q %q", code, out, errOut)
+	}
+	if code, out, _ := admin("-json", "user", "ana"); code != 1 || decode[errorOut](t, "admin user again", out).Error != "EXISTS" {
+		t.Fatalf("admin user ana again: %d %q; want 1, EXISTS", code, out)
+	}
+	if code, _, _ := cli(t, "", "admin", "-admin", env.AdminURL, "-token", "wrong", "user", "cy"); code != 1 {
+		t.Fatalf("admin with a wrong token: exit %d, want 1", code)
+	}
+
+	as := func(dev, tok string, args ...string) (int, string, string) {
+		t.Helper()
+		return cli(t, "", append([]string{"-addr", env.Addr, "-device", dev, "-token", tok, "-timeout", "5s"}, args...)...)
+	}
+
+	// send: the reply's fields; the text is the rest of the line.
+	code, out, errOut = as("ana-cli", anaTok, "-json", "send", "g1", "hello", "world")
+	sent := decode[struct {
+		Conv, Cmid string
+		Seq, Ts    int64
+		Dup        bool
+	}](t, "send", out)
+	if code != 0 || sent.Conv != "g1" || sent.Seq != 2 || sent.Ts == 0 || !strings.HasPrefix(sent.Cmid, "cli-") || sent.Dup {
+		t.Fatalf("send: %d %+v (%s)", code, sent, errOut)
+	}
+
+	// convs, seen by ben: one unread message.
+	code, out, errOut = as("ben-cli", benTok, "-json", "convs")
+	type conv struct {
+		Conv, Kind, Mode                     string
+		Epoch, Head, Delivered, Read, Unread int64
+		MinSeq                               int64 `json:"min_seq"`
+		LastTs                               int64 `json:"last_ts"`
+	}
+	convs := decode[struct{ Items []conv }](t, "convs", out)
+	if code != 0 || len(convs.Items) != 1 {
+		t.Fatalf("convs: %d %q %q", code, out, errOut)
+	}
+	if it := convs.Items[0]; it.Conv != "g1" || it.Kind != "group" || it.Mode != "push" || it.Epoch != 1 ||
+		it.Head != 2 || it.MinSeq != 1 || it.Read != 0 || it.Unread != 1 || it.LastTs != sent.Ts {
+		t.Fatalf("convs item: %+v", it)
+	}
+
+	// open, by ben: the join and the message.
+	code, out, errOut = as("ben-cli", benTok, "-json", "open", "g1")
+	opened := decode[struct {
+		Conv                            string
+		Epoch, Head, Upto, Read, Unread int64
+		MinSeq                          int64 `json:"min_seq"`
+		Events                          []event
+	}](t, "open", out)
+	if code != 0 || opened.Conv != "g1" || opened.Head != 2 || opened.Upto != 2 || opened.Epoch != 1 || opened.MinSeq != 1 ||
+		opened.Read != 0 || opened.Unread != 1 || len(opened.Events) != 2 {
+		t.Fatalf("open: %d %q %q", code, out, errOut)
+	}
+	if j := opened.Events[0]; j.Seq != 1 || j.Kind != "join" || strings.Join(j.Users, ",") != "ana,ben" || j.Body != nil {
+		t.Fatalf("open: first event %+v, want the join of ana and ben", j)
+	}
+	if m := opened.Events[1]; m.Seq != 2 || m.Kind != "msg" || m.Sender != "ana" || m.Body == nil || *m.Body != "hello world" || m.Cmid != sent.Cmid {
+		t.Fatalf("open: second event %+v, want ana's message", m)
+	}
+
+	// read, by ben, up to the head by default.
+	code, out, _ = as("ben-cli", benTok, "-json", "read", "g1")
+	if rd := decode[struct {
+		Conv         string
+		Read, Unread int64
+	}](t, "read", out); code != 0 || rd.Conv != "g1" || rd.Read != 2 || rd.Unread != 0 {
+		t.Fatalf("read: %d %+v", code, rd)
+	}
+
+	// Errors.
+	code, out, _ = as("ben-cli", benTok, "-json", "send", "nope", "x")
+	if e := decode[errorOut](t, "send to nope", out); code != 1 || e.Error != "NOT_MEMBER" {
+		t.Fatalf("send to a conversation ben is not in: %d %+v, want 1, NOT_MEMBER", code, e)
+	}
+	code, out, _ = as("ben-cli", benTok, "-json", "frobnicate")
+	if e := decode[errorOut](t, "unknown command", out); code != 2 || e.Error != "USAGE" {
+		t.Fatalf("unknown command: %d %+v, want 2, USAGE", code, e)
+	}
+	code, out, _ = as("ben-cli", benTok, "-json", "recall", "g1")
+	if e := decode[errorOut](t, "recall without seq", out); code != 2 || e.Error != "USAGE" || !strings.Contains(e.Msg, "recall [CONV] SEQ") {
+		t.Fatalf("recall without a seq: %d %+v, want 2 and the usage", code, e)
+	}
+	code, out, _ = as("ben-cli", "wrong-token", "-json", "ping")
+	if e := decode[errorOut](t, "bad token", out); code != 1 || e.Error != "AUTH_FAILED" {
+		t.Fatalf("bad token: %d %+v, want 1, AUTH_FAILED", code, e)
+	}
+	if code, _, _ := cli(t, "", "-json", "convs"); code != 2 {
+		t.Fatalf("no -device: exit %d, want 2", code)
+	}
+
+	// watch: ben prints pushes as JSON lines while ana sends.
+	type watched struct {
+		code     int
+		out, err string
+	}
+	done := make(chan watched, 1)
+	go func() {
+		code, out, errOut := as("ben-cli", benTok, "-json", "-wait", "1500ms", "watch")
+		done <- watched{code, out, errOut}
+	}()
+	var w watched
+	ticks := 0
+sending:
+	for {
+		select {
+		case w = <-done:
+			break sending
+		case <-time.After(150 * time.Millisecond):
+		}
+		if ticks < 5 {
+			ticks++
+			if code, out, errOut := as("ana-cli", anaTok, "send", "g1", fmt.Sprintf("tick %d", ticks)); code != 0 {
+				t.Fatalf("send tick: %d %q %q", code, out, errOut)
+			}
+		}
+	}
+	if w.code != 0 {
+		t.Fatalf("watch: exit %d %q %q", w.code, w.out, w.err)
+	}
+	var pushes []event
+	for _, line := range strings.Split(strings.TrimSpace(w.out), "\n") {
+		if line == "" {
+			continue
+		}
+		var ev event
+		if err := json.Unmarshal([]byte(line), &ev); err != nil {
+			t.Fatalf("watch: line %q is not JSON: %v", line, err)
+		}
+		if ev.T == "push" {
+			pushes = append(pushes, ev)
+		}
+	}
+	if len(pushes) == 0 {
+		t.Fatalf("watch printed no push: %q", w.out)
+	}
+	for i, p := range pushes {
+		if p.Conv != "g1" || p.Kind != "msg" || p.Sender != "ana" || p.Body == nil || !strings.HasPrefix(*p.Body, "tick ") ||
+			(i > 0 && p.Seq != pushes[i-1].Seq+1) {
+			t.Fatalf("watch: push %d = %+v (all: %q)", i, p, w.out)
+		}
+	}
+
+	// An interactive session, scripted.
+	script := "convs\nopen g1\nsend hi there\nread\nrecall 2\nsnapshot g1:1 nope\nping\nbogus\nquit\n"
+	code, out, errOut = cli(t, script, "-addr", env.Addr, "-device", "ana-cli", "-token", anaTok)
+	if code != 0 {
+		t.Fatalf("interactive: exit %d\n%s\n%s", code, out, errOut)
+	}
+	for _, want := range []string{
+		"connected to " + env.Addr + " as ana (device ana-cli): 1 conversations, 0 unread messages",
+		"CONV", "LAST ACTIVITY", // convs
+		"ana: hello world",                    // open
+		"sent: g1 #",                          // send
+		"g1: read ",                           // read
+		"g1: recalled #2",                     // recall
+		"-- g1: head ", "-- nope: NOT_MEMBER", // snapshot
+		"pong in", "unknown command \"bogus\"",
+	} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("interactive output lacks %q:\n%s\nstderr:\n%s", want, out, errOut)
+		}
+	}
+}
