@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/parley-im/parley/internal/batch"
@@ -273,6 +274,20 @@ func (l *Log) Create(ctx context.Context, conv, kind, title, actor string, membe
 
 // AddMembers appends a join event for users (actor "" for the admin API).
 func (l *Log) AddMembers(ctx context.Context, conv, actor, device string, users []string) (int64, error) {
+	// Adding only current members changes nothing: answer without a seq.
+	allIn := true
+	for _, u := range users {
+		if ok, err := l.members.isMember(ctx, u, conv); err != nil {
+			return 0, err
+		} else if !ok {
+			allIn = false
+			break
+		}
+	}
+	if allIn && (actor == "" || slices.Contains(users, actor) || l.isMember(ctx, actor, conv)) {
+		head, err := l.st.Head(ctx, conv)
+		return head, err
+	}
 	var head int64
 	var added []string
 	err := l.membership(ctx, conv, actor, func(ch store.MembershipChange) (err error) {
@@ -298,6 +313,11 @@ func (l *Log) RemoveMember(ctx context.Context, conv, actor, device, user string
 		return err
 	})
 	return head, err
+}
+
+func (l *Log) isMember(ctx context.Context, user, conv string) bool {
+	ok, err := l.members.isMember(ctx, user, conv)
+	return err == nil && ok
 }
 
 // Recall appends a recall event for the message at target (sent by actor
