@@ -25,37 +25,38 @@ type ReadResult struct {
 // returns the merged value and the unread count it leaves. ErrNotMember if
 // the user was never a member; ErrCursorAhead if seq is above head.
 func (s *Store) MarkRead(ctx context.Context, user, conv string, seq int64) (ReadResult, error) {
-	var r ReadResult
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		var head, lastTo int64
-		var periods int
-		if err := tx.QueryRow(ctx, `SELECT (SELECT coalesce(max(seq), 0) FROM events WHERE conv_id = $2),
-				count(*), coalesce(max(coalesce(to_seq, $3)), 0)
-			FROM membership_periods WHERE conv_id = $2 AND user_id = $1`, user, conv, int64(math.MaxInt64)).
-			Scan(&head, &periods, &lastTo); err != nil {
-			return err
-		}
-		if periods == 0 {
-			return ErrNotMember
-		}
-		if seq > head {
-			return ErrCursorAhead
-		}
-		v := min(seq, lastTo)
-		var before int64
-		err := tx.QueryRow(ctx, `SELECT read_seq FROM read_positions WHERE user_id = $1 AND conv_id = $2 FOR UPDATE`, user, conv).Scan(&before)
-		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-			return err
-		}
-		if err := tx.QueryRow(ctx, `INSERT INTO read_positions (user_id, conv_id, read_seq) VALUES ($1, $2, $3)
-			ON CONFLICT (user_id, conv_id) DO UPDATE SET read_seq = GREATEST(read_positions.read_seq, EXCLUDED.read_seq)
-			RETURNING read_seq`, user, conv, v).Scan(&r.Read); err != nil {
-			return err
-		}
-		r.Advanced = r.Read > before
-		return tx.QueryRow(ctx, unreadSQL, user, conv, r.Read).Scan(&r.Unread)
-	})
-	return r, err
+	// One statement (one round trip, one commit). parley_unread sees the
+	// statement's snapshot, which does not include the upsert, so it is
+	// given the merged value explicitly.
+	var periods int64
+	var head int64
+	var read, before *int64
+	var unread int64
+	err := s.pool.QueryRow(ctx, `
+WITH h AS (SELECT coalesce(max(seq), 0) AS head FROM events WHERE conv_id = $2),
+     p AS (SELECT count(*) AS n, coalesce(max(coalesce(to_seq, $4)), 0) AS last_to
+             FROM membership_periods WHERE conv_id = $2 AND user_id = $1),
+     prev AS (SELECT read_seq FROM read_positions WHERE user_id = $1 AND conv_id = $2),
+     up AS (INSERT INTO read_positions (user_id, conv_id, read_seq)
+            SELECT $1, $2, least($3, p.last_to) FROM p, h WHERE p.n > 0 AND $3 <= h.head
+            ON CONFLICT (user_id, conv_id) DO UPDATE SET read_seq = GREATEST(read_positions.read_seq, EXCLUDED.read_seq)
+            RETURNING read_seq)
+SELECT p.n, h.head, (SELECT read_seq FROM up), (SELECT read_seq FROM prev),
+       CASE WHEN EXISTS (SELECT 1 FROM up) THEN parley_unread($2, $1, (SELECT read_seq FROM up)) ELSE 0 END
+  FROM p, h`, user, conv, seq, int64(math.MaxInt64)).Scan(&periods, &head, &read, &before, &unread)
+	switch {
+	case err != nil:
+		return ReadResult{}, err
+	case periods == 0:
+		return ReadResult{}, ErrNotMember
+	case seq > head || read == nil:
+		return ReadResult{}, ErrCursorAhead
+	}
+	r := ReadResult{Read: *read, Unread: unread, Advanced: before == nil || *read > *before}
+	if before == nil && *read == 0 {
+		r.Advanced = false
+	}
+	return r, nil
 }
 
 // ReadPosition returns user's read position in conv (0 if none).
