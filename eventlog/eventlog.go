@@ -15,6 +15,7 @@ import (
 	"errors"
 	"log/slog"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/parley-im/parley/internal/batch"
@@ -71,7 +72,18 @@ type Log struct {
 
 	sends   *batch.Batcher[*pendingSend]
 	members memberCache
+
+	// Seqs of failed sends that could not be recorded as holes yet
+	// (PostgreSQL was down); fenceLoop retries them.
+	fmu      sync.Mutex
+	unfenced map[string][]int64
+	stop     chan struct{}
+	wg       sync.WaitGroup
 }
+
+// maxUnfenced bounds the seqs kept for fenceLoop; past it, readers fence
+// them after the hole timeout instead.
+const maxUnfenced = 100000
 
 type pendingSend struct {
 	ctx  context.Context
@@ -86,11 +98,22 @@ func New(st *store.Store, seqs *seq.Allocator, cfg Config, log *slog.Logger, onC
 	l := &Log{st: st, seqs: seqs, cfg: cfg, log: log, onCommit: onCommit, now: time.Now,
 		members: memberCache{st: st, ttl: 5 * time.Second}}
 	l.sends = batch.New(cfg.CommitWorkers, cfg.CommitBatch, cfg.CommitBatch*cfg.CommitWorkers*4, l.commitSends)
+	l.stop = make(chan struct{})
+	l.wg.Add(1)
+	go l.fenceLoop()
 	return l
 }
 
 // Close stops accepting sends and finishes the queued ones.
-func (l *Log) Close() { l.sends.Close() }
+func (l *Log) Close() {
+	l.sends.Close()
+	select {
+	case <-l.stop:
+	default:
+		close(l.stop)
+	}
+	l.wg.Wait()
+}
 
 // Send queues m; done is called exactly once, after m was committed (or
 // found to be a duplicate) or failed. A sender who is not a current member
@@ -216,23 +239,61 @@ func (l *Log) insertSplit(ctx context.Context, items []*pendingSend) ([]store.In
 }
 
 // fenceFailed records the seqs of a batch that failed as holes, so
-// readers move past them at once instead of after the hole timeout. Best
-// effort: if PostgreSQL is down this fails too, and readers fence them.
+// readers move past them at once instead of after the hole timeout. If
+// PostgreSQL is down, fenceLoop keeps trying until it is back.
 func (l *Log) fenceFailed(msgs []store.NewMessage) {
-	if len(msgs) == 0 {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
 	byConv := map[string][]int64{}
 	for _, m := range msgs {
 		if m.Conv != "" {
 			byConv[m.Conv] = append(byConv[m.Conv], m.Seq)
 		}
 	}
+	if len(byConv) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
 	for conv, seqs := range byConv {
 		if err := l.st.InsertHoles(ctx, conv, seqs, l.now().UnixMilli()); err != nil {
+			l.fmu.Lock()
+			if l.unfenced == nil {
+				l.unfenced = map[string][]int64{}
+			}
+			if n := len(l.unfenced[conv]); n+len(seqs) <= maxUnfenced {
+				l.unfenced[conv] = append(l.unfenced[conv], seqs...)
+			}
+			l.fmu.Unlock()
+		}
+	}
+}
+
+// fenceLoop retries the holes fenceFailed could not record.
+func (l *Log) fenceLoop() {
+	defer l.wg.Done()
+	t := time.NewTicker(500 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-l.stop:
 			return
+		case <-t.C:
+		}
+		l.fmu.Lock()
+		pending := l.unfenced
+		l.unfenced = nil
+		l.fmu.Unlock()
+		for conv, seqs := range pending {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			err := l.st.InsertHoles(ctx, conv, seqs, l.now().UnixMilli())
+			cancel()
+			if err != nil {
+				l.fmu.Lock()
+				if l.unfenced == nil {
+					l.unfenced = map[string][]int64{}
+				}
+				l.unfenced[conv] = append(l.unfenced[conv], seqs...)
+				l.fmu.Unlock()
+			}
 		}
 	}
 }
