@@ -1,0 +1,470 @@
+package loadtest
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/parley-im/parley/client"
+	"github.com/parley-im/parley/wire"
+)
+
+// connectParallel is how many connections dial and authenticate at once.
+const connectParallel = 32
+
+// Conn is one device's connection as the load tool drives it.
+type Conn struct {
+	// Static after connect.
+	r      *runner
+	idx    int // shard of the histograms
+	dev    Device
+	c      *client.Conn
+	routes map[string]convRef // conversations tracked for this device; set before dialing
+
+	mu      sync.Mutex       // guards everything below
+	out     []byte           // frames waiting for the writer
+	spare   []byte           // the writer's previous buffer, for reuse
+	body    []byte           // scratch body of BodySize bytes
+	pending map[uint64]int64 // pipe mode: rid number → intended start (unix nanos)
+	closing bool             // the runner closed this connection
+	hints   map[string]int64 // conv → head of hints not synced yet
+	queued  bool             // c is on r.syncQ
+
+	wake chan struct{} // cap 1: the writer has work
+}
+
+// convRef is a device's place in a tracked conversation.
+type convRef struct {
+	track *convTrack
+	i     int
+}
+
+// fdReserve is how many descriptors the tool keeps for itself beyond one
+// per connection.
+const fdReserve = 64
+
+// checkFDs reads (and raises to the hard limit) the open-file limit.
+func (r *runner) checkFDs() error {
+	lim, err := openFileLimit()
+	if err != nil {
+		return fmt.Errorf("reading the open-file limit: %w", err)
+	}
+	r.fdLimit = lim
+	return nil
+}
+
+// connectAll dials and authenticates one connection per device, at most
+// connectParallel at a time, spreading them over the source addresses.
+// tracks(i) names the conversations whose pushes device i is owed.
+func (r *runner) connectAll(ctx context.Context, devs []Device, tracks func(i int) []*convTrack) ([]*Conn, error) {
+	if need := int64(len(devs)) + fdReserve; r.fdLimit > 0 && need > r.fdLimit {
+		return nil, fmt.Errorf("the open-file limit (%d) caps this run at about %d connections; it needs %d: lower the size or raise the limit (ulimit -n)",
+			r.fdLimit, r.fdLimit-fdReserve, len(devs))
+	}
+	if r.fdLimit > 0 && int64(len(devs))+fdReserve > r.fdLimit*8/10 {
+		r.note("%d connections use most of the open-file limit (%d)", len(devs), r.fdLimit)
+	}
+	if isLoopback(hostOf(r.cfg.Addr)) {
+		if per, ports := (len(devs)+r.cfg.Sources-1)/r.cfg.Sources, ephemeralPorts(); per > ports*9/10 {
+			return nil, fmt.Errorf("%d connections from %d source address(es) is %d per address, near the %d ephemeral ports: use -sources %d or more",
+				len(devs), r.cfg.Sources, per, ports, (len(devs)*10/9)/ports+1)
+		}
+	}
+	dialers := make([]*net.Dialer, r.cfg.Sources)
+	for i := range dialers {
+		dialers[i] = &net.Dialer{Timeout: 10 * time.Second}
+		if r.cfg.Sources > 1 {
+			dialers[i].LocalAddr = &net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(i+1))}
+		}
+	}
+	r.syncQ = make(chan *Conn, len(devs))
+	conns := make([]*Conn, len(devs))
+	sem := make(chan struct{}, connectParallel)
+	var wg sync.WaitGroup
+	var emu sync.Mutex
+	var firstErr error
+	for i, d := range devs {
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			c, err := r.dial(ctx, i, d, dialers[i%len(dialers)], tracks(i))
+			if err != nil {
+				emu.Lock()
+				if firstErr == nil {
+					firstErr = fmt.Errorf("connecting device %s: %w", d.ID, err)
+				}
+				emu.Unlock()
+				return
+			}
+			conns[i] = c
+		}()
+	}
+	wg.Wait()
+	r.mu.Lock()
+	for _, c := range conns {
+		if c != nil {
+			r.conns = append(r.conns, c)
+		}
+	}
+	r.mu.Unlock()
+	if firstErr == nil {
+		firstErr = ctx.Err()
+	}
+	if firstErr != nil {
+		return nil, firstErr
+	}
+	for _, c := range conns {
+		if r.cfg.Client == ClientPipe {
+			r.goroutine(c.writeLoop)
+		}
+	}
+	return conns, nil
+}
+
+func hostOf(addr string) string {
+	h, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr
+	}
+	return h
+}
+
+func (r *runner) dial(ctx context.Context, idx int, d Device, dialer *net.Dialer, tracks []*convTrack) (*Conn, error) {
+	c := &Conn{r: r, idx: idx, dev: d, routes: map[string]convRef{}, pending: map[uint64]int64{},
+		body: make([]byte, r.cfg.BodySize), wake: make(chan struct{}, 1)}
+	for _, t := range tracks {
+		c.routes[t.id] = convRef{track: t, i: t.member(d.ID)}
+	}
+	for i := 8; i < len(c.body); i++ {
+		c.body[i] = 'x'
+	}
+	start := r.clk.now()
+	dctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	cc, err := client.Dial(dctx, r.cfg.Addr, d.ID, d.Token, client.DialOptions{OnServerFrame: c.onFrame, Dialer: dialer})
+	if err != nil {
+		return nil, err
+	}
+	r.connect.Record(idx, r.clk.now()-start)
+	c.c = cc
+	return c, nil
+}
+
+// send issues one send of the k-th scheduled message to conv, meant to
+// start at intended (unix nanos). It never waits for the reply.
+func (c *Conn) send(conv string, k, intended int64) {
+	r := c.r
+	if r.inflight.Load() >= r.cfg.MaxInflight {
+		r.errs.Add("CLIENT_BACKLOG", 1)
+		return
+	}
+	select {
+	case <-c.c.Done():
+		r.errs.Add("CONN_CLOSED", 1)
+		return
+	default:
+	}
+	r.sent.Add(1)
+	r.inflight.Add(1)
+	cmid := c.cmid(k)
+	if r.cfg.Client == ClientDo {
+		body := make([]byte, len(c.body))
+		copy(body, c.body)
+		binary.BigEndian.PutUint64(body, uint64(intended))
+		r.goroutine(func() { c.doSend(conv, cmid, body, intended) })
+		return
+	}
+	c.mu.Lock()
+	binary.BigEndian.PutUint64(c.body, uint64(intended))
+	rid := uint64(k)
+	req := wire.Request{T: wire.TSend, Rid: ridString(rid), Conv: conv, Cmid: cmid, Body: c.body}
+	var err error
+	if c.out, err = wire.AppendFrame(c.out, &req); err == nil {
+		c.pending[rid] = intended
+	}
+	c.mu.Unlock()
+	if err != nil {
+		r.inflight.Add(-1)
+		r.errs.Add("ENCODE", 1)
+		return
+	}
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// ack tells the server the device holds every event of conv up to seq,
+// fire-and-forget (no rid: only an error comes back).
+func (c *Conn) ack(conv string, seq int64) {
+	req := wire.Request{T: wire.TAck, Conv: conv, Seq: seq}
+	c.r.acks.Add(1)
+	if c.r.cfg.Client == ClientDo {
+		_ = c.c.Write(&req)
+		return
+	}
+	c.mu.Lock()
+	c.out, _ = wire.AppendFrame(c.out, &req)
+	c.mu.Unlock()
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// doSend is one send through client.Conn.Do.
+func (c *Conn) doSend(conv, cmid string, body []byte, intended int64) {
+	r := c.r
+	m, err := c.c.Send(r.ctx, conv, cmid, body) // r.ctx ends when the runner closes
+	r.inflight.Add(-1)
+	if err != nil {
+		r.errs.Add(errCode(err), 1)
+		return
+	}
+	c.confirmed(m, intended)
+}
+
+// cmid names send k of c: "<device index>.<k>" in base 36, so any event
+// tells which of the run's devices sent it.
+func (c *Conn) cmid(k int64) string {
+	var b [32]byte
+	return string(strconv.AppendInt(append(strconv.AppendInt(b[:0], int64(c.idx), 36), '.'), k, 36))
+}
+
+// sentBy reports whether cmid names a send of c.
+func (c *Conn) sentBy(cmid string) bool {
+	i, _, ok := strings.Cut(cmid, ".")
+	n, err := strconv.ParseInt(i, 36, 64)
+	return ok && err == nil && int(n) == c.idx
+}
+
+// hinted records a hint (PROTOCOL.md §5: "you are behind in conv, sync
+// it") and queues c for a syncer, as a real client would sync.
+func (c *Conn) hinted(conv string, head int64) {
+	c.mu.Lock()
+	if c.hints == nil {
+		c.hints = map[string]int64{}
+	}
+	c.hints[conv] = max(c.hints[conv], head)
+	queue := !c.queued
+	c.queued = true
+	c.mu.Unlock()
+	if queue {
+		c.r.syncQ <- c // never blocks: it holds every connection once
+	}
+}
+
+// syncHinted syncs every hinted conversation of c from the device's
+// cursor up to the hint's head, recording the msg events it reads.
+func (c *Conn) syncHinted(ctx context.Context) {
+	c.mu.Lock()
+	hints := c.hints
+	c.hints, c.queued = nil, false
+	c.mu.Unlock()
+	for conv, head := range hints {
+		ref, ok := c.routes[conv]
+		if !ok || ref.i < 0 {
+			continue
+		}
+		after := ref.track.cursorOf(ref.i)
+		for pages := 0; after < head && pages < 100; pages++ {
+			m, err := c.c.Sync(ctx, conv, after, 1000)
+			if err != nil {
+				c.r.errs.Add("SYNC_"+errCode(err), 1)
+				break
+			}
+			c.r.syncs.Add(1)
+			for _, ev := range m.Events {
+				if ev.Kind == wire.KindMsg {
+					c.r.tracker.Synced(ref.track, ref.i, ev.Seq, c.sentBy(ev.Cmid))
+				}
+			}
+			if !m.More || m.Upto <= after {
+				break
+			}
+			after = m.Upto
+		}
+	}
+}
+
+// ridString formats a pipe-mode rid: "." + base 36. client.Conn's own rids
+// are plain base 36, so the two never collide.
+func ridString(k uint64) string {
+	var b [16]byte
+	return string(strconv.AppendUint(append(b[:0], '.'), k, 36))
+}
+
+func parseRid(s string) (uint64, bool) {
+	if len(s) < 2 || s[0] != '.' {
+		return 0, false
+	}
+	k, err := strconv.ParseUint(s[1:], 36, 64)
+	return k, err == nil
+}
+
+// errCode names an error for the errors-by-code table.
+func errCode(err error) string {
+	switch {
+	case errors.Is(err, client.ErrClosed):
+		return "CONN_CLOSED"
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		return "NO_REPLY"
+	}
+	if e, ok := wire.AsError(err); ok {
+		return string(e.Code)
+	}
+	return "IO"
+}
+
+// writeLoop writes whatever frames are due, coalesced, until the
+// connection or the run ends.
+func (c *Conn) writeLoop() {
+	for {
+		select {
+		case <-c.wake:
+		case <-c.c.Done():
+			return
+		case <-c.r.stop:
+			return
+		}
+		c.mu.Lock()
+		buf := c.out
+		c.out = c.spare[:0]
+		c.spare = nil
+		c.mu.Unlock()
+		if len(buf) == 0 {
+			continue
+		}
+		if err := c.c.WriteRaw(buf); err != nil {
+			// The frames' pending entries stay: they count as CONN_CLOSED
+			// at the end.
+			_ = c.c.Close()
+			return
+		}
+		c.mu.Lock()
+		c.spare = buf[:0]
+		c.mu.Unlock()
+	}
+}
+
+// onFrame handles every frame that is not the reply to a Do call: pipe
+// mode's send replies, pushes, hints, kicks. It runs on the connection's
+// reader goroutine.
+func (c *Conn) onFrame(m wire.Message) {
+	r := c.r
+	switch m.T {
+	case wire.TSendOK, wire.TError:
+		k, ok := parseRid(m.Rid)
+		if !ok {
+			if m.T == wire.TError {
+				r.errs.Add(string(m.Code), 1) // an error without our rid
+			} else {
+				r.badReplies.Add(1)
+			}
+			return
+		}
+		c.mu.Lock()
+		intended, ok := c.pending[k]
+		delete(c.pending, k)
+		c.mu.Unlock()
+		if !ok {
+			r.badReplies.Add(1)
+			return
+		}
+		r.inflight.Add(-1)
+		if m.T == wire.TError {
+			r.errs.Add(string(m.Code), 1)
+			return
+		}
+		c.confirmed(m, intended)
+	case wire.TPush:
+		if r.cfg.dropEvery > 0 && r.pushesSeen.Add(1)%r.cfg.dropEvery == 0 {
+			return
+		}
+		if m.Kind != wire.KindMsg {
+			r.tracker.OtherEvent()
+			return
+		}
+		ref, ok := c.routes[m.Conv]
+		if !ok || ref.i < 0 {
+			r.tracker.Unexpected()
+			return
+		}
+		if r.tracker.Pushed(ref.track, ref.i, m.Seq) && len(m.Body) >= 8 {
+			now := r.clk.now()
+			r.push.Record(c.idx, now-int64(binary.BigEndian.Uint64(m.Body)))
+			storeMax(&r.lastPush, now)
+		}
+	case wire.THint:
+		r.hints.Add(1)
+		c.hinted(m.Conv, m.Head)
+	case wire.TKick:
+		r.kicks.Add(1)
+	}
+}
+
+// confirmed records a send_ok.
+func (c *Conn) confirmed(m wire.Message, intended int64) {
+	r := c.r
+	now := r.clk.now()
+	r.sendOK.Record(c.idx, now-intended)
+	storeMax(&r.lastOK, now)
+	ref, ok := c.routes[m.Conv]
+	if !ok || ref.i < 0 {
+		r.badReplies.Add(1)
+		return
+	}
+	r.tracker.Confirmed(ref.track, ref.i, m.Seq, m.Dup)
+}
+
+// storeMax raises a to v.
+func storeMax(a *atomic.Int64, v int64) {
+	for {
+		old := a.Load()
+		if v <= old || a.CompareAndSwap(old, v) {
+			return
+		}
+	}
+}
+
+// unanswered counts the pipe-mode sends still waiting for a reply.
+func (c *Conn) unanswered() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return int64(len(c.pending))
+}
+
+// dead reports whether the connection ended without the runner closing it.
+func (c *Conn) dead() bool {
+	c.mu.Lock()
+	closing := c.closing
+	c.mu.Unlock()
+	select {
+	case <-c.c.Done():
+		return !closing
+	default:
+		return false
+	}
+}
+
+func (c *Conn) close() {
+	c.mu.Lock()
+	c.closing = true
+	c.mu.Unlock()
+	_ = c.c.Close()
+}

@@ -1,0 +1,67 @@
+package loadtest
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+)
+
+// runDirect is scenario direct: Pairs pairs of users, one device each, a
+// direct conversation per pair. Both users of a pair send to each other;
+// send k goes out from device k mod 2·Pairs, so the aggregate is
+// cfg.Rate and every device sends at cfg.Rate / (2·Pairs). Every
+// confirmed send is owed exactly one push, to the partner's device.
+func runDirect(ctx context.Context, r *runner) error {
+	if err := r.checkFDs(); err != nil {
+		return err
+	}
+	p := r.cfg.Pairs
+	n := 2 * p
+	t0 := time.Now()
+	users := make([]string, n)
+	devs := make([]Device, n)
+	for i := range users {
+		users[i] = r.cfg.Prefix + "u" + strconv.Itoa(i)
+		devs[i] = Device{ID: r.cfg.Prefix + "d" + strconv.Itoa(i), User: users[i]}
+	}
+	if err := r.admin.Users(ctx, users); err != nil {
+		return fmt.Errorf("provisioning users: %w", err)
+	}
+	devs, err := r.admin.Devices(ctx, devs)
+	if err != nil {
+		return fmt.Errorf("provisioning devices: %w", err)
+	}
+	specs := make([]ConvSpec, p)
+	for i := range specs {
+		specs[i] = ConvSpec{Kind: "direct", Members: []string{users[2*i], users[2*i+1]}}
+	}
+	convs, err := r.admin.Conversations(ctx, specs)
+	if err != nil {
+		return fmt.Errorf("provisioning conversations: %w", err)
+	}
+	convOf := make([]string, n) // device index → its conversation
+	tracks := make([]*convTrack, n)
+	for i, c := range convs {
+		tr := r.tracker.Track(c.ID, c.Head, devs[2*i].ID, devs[2*i+1].ID)
+		convOf[2*i], convOf[2*i+1] = c.ID, c.ID
+		tracks[2*i], tracks[2*i+1] = tr, tr
+	}
+	fmt.Fprintf(r.cfg.Out, "provisioned %d users, %d devices, %d direct conversations in %s (prefix %s)\n",
+		n, n, p, time.Since(t0).Round(time.Millisecond), r.cfg.Prefix)
+
+	t0 = time.Now()
+	conns, err := r.connectAll(ctx, devs, func(i int) []*convTrack { return tracks[i : i+1] })
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(r.cfg.Out, "connected %d devices in %s\n", n, time.Since(t0).Round(time.Millisecond))
+	r.report.Pairs = p
+	r.report.Connections = n
+
+	r.load(ctx, func(k, intended int64) {
+		i := int(k % int64(n))
+		conns[i].send(convOf[i], k, intended)
+	})
+	return nil
+}

@@ -1,0 +1,324 @@
+// Package loadtest is Parley's load generator (cmd/parley-load): it
+// provisions its own users, devices and conversations on any running
+// Parley through the admin API's bulk forms, under a run prefix no other
+// run shares, connects real client connections (client.Conn), and drives
+// open-loop load: sends are scheduled by the clock at a target rate, never
+// by the previous reply, and every latency is measured from the send's
+// intended start time, so a stalled server cannot hide its stall
+// (coordinated omission). It checks delivery exactly (every confirmed send
+// pushed exactly once to every other online member device), records HDR
+// histograms, and reports server CPU per send beside throughput.
+//
+// A scenario (direct, and later group, large, idle, storm, mixed) is a
+// function over a runner, which offers the building blocks: provision,
+// connect, pace, drain, report.
+package loadtest
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Bounds of every run.
+const (
+	MaxDuration = 10 * time.Minute
+	MaxRate     = 1_000_000
+	MaxPairs    = 100_000
+	MaxBodySize = 65536
+	MaxSources  = 254
+	// DefaultMaxInflight caps the sends waiting for a reply across the run;
+	// a send due beyond it is not made and counts as CLIENT_BACKLOG.
+	DefaultMaxInflight = 1_000_000
+)
+
+// ClientMode is how sends travel.
+type ClientMode string
+
+const (
+	// ClientPipe writes send frames through a per-connection writer that
+	// coalesces whatever is due into one write, and matches replies by rid
+	// itself (client.Conn only authenticates and reads).
+	ClientPipe ClientMode = "pipe"
+	// ClientDo calls client.Conn.Send (Do) from one goroutine per send.
+	ClientDo ClientMode = "do"
+)
+
+// LiveMode is how the once-a-second progress line is written.
+type LiveMode int
+
+const (
+	LiveOff   LiveMode = iota // no live line
+	LiveLines                 // one line per second (a pipe or a file)
+	LiveTTY                   // one line rewritten in place (a terminal)
+)
+
+// Config is one run. Zero values take the defaults noted.
+type Config struct {
+	Scenario    string         // "direct"
+	Addr        string         // gateway host:port
+	AdminURL    string         // http://host:port of the admin API
+	AdminToken  string         // bearer token of the admin API
+	Rate        float64        // target sends per second, aggregate (required)
+	Duration    time.Duration  // length of the send window (default 10s, at most MaxDuration)
+	Drain       time.Duration  // wait after the window for replies and pushes (default 3s)
+	Sources     int            // dial from 127.0.0.1 … 127.0.0.N (default 1)
+	AllowRemote bool           // allow a non-loopback Addr / AdminURL
+	ServerPID   int            // if > 0, report the server's CPU per send
+	CPUPIDs     map[string]int // more processes (with their descendants) to report CPU for, by name
+	Client      ClientMode     // default ClientPipe
+	AckDelay    time.Duration  // each device acks its conversations' cursors at most this often, like client.Client's AutoAck (default 50ms; negative: never)
+	MaxInflight int64          // default DefaultMaxInflight
+	Prefix      string         // id prefix of this run (default: random)
+
+	// Scenario direct.
+	Pairs    int // pairs of users, one device each (default 100)
+	BodySize int // message body bytes, at least 8 (default 100)
+
+	Out  io.Writer // live line and notes (nil: discarded)
+	Live LiveMode
+
+	// dropEvery, in tests, makes the tool ignore every n-th push, as if
+	// the network had lost it, to exercise the hint → sync repair.
+	dropEvery int64
+}
+
+func (c *Config) setDefaults() {
+	if c.Duration == 0 {
+		c.Duration = 10 * time.Second
+	}
+	if c.Drain == 0 {
+		c.Drain = 3 * time.Second
+	}
+	if c.Sources == 0 {
+		c.Sources = 1
+	}
+	if c.Client == "" {
+		c.Client = ClientPipe
+	}
+	if c.AckDelay == 0 {
+		c.AckDelay = 50 * time.Millisecond
+	}
+	if c.MaxInflight == 0 {
+		c.MaxInflight = DefaultMaxInflight
+	}
+	if c.Pairs == 0 {
+		c.Pairs = 100
+	}
+	if c.BodySize == 0 {
+		c.BodySize = 100
+	}
+	if c.Out == nil {
+		c.Out = io.Discard
+	}
+	if c.Prefix == "" {
+		c.Prefix = NewPrefix()
+	}
+}
+
+// Validate applies the defaults and checks the bounds.
+func (c *Config) Validate() error {
+	c.setDefaults()
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if _, ok := scenarios[c.Scenario]; !ok {
+		bad("unknown scenario %q (have %s)", c.Scenario, strings.Join(Scenarios(), ", "))
+	}
+	if c.Addr == "" || c.AdminURL == "" {
+		bad("the gateway address and the admin URL are required")
+	}
+	if !(c.Rate > 0 && c.Rate <= MaxRate) {
+		bad("rate must be in (0, %d]", MaxRate)
+	}
+	if c.Duration < 0 || c.Duration > MaxDuration {
+		bad("duration must be at most %s", MaxDuration)
+	}
+	if c.Drain < 0 || c.Drain > time.Minute {
+		bad("drain must be at most 1m")
+	}
+	if c.Sources < 1 || c.Sources > MaxSources {
+		bad("sources must be 1 to %d", MaxSources)
+	}
+	if c.Client != ClientPipe && c.Client != ClientDo {
+		bad("client must be %q or %q", ClientPipe, ClientDo)
+	}
+	if c.Pairs < 1 || c.Pairs > MaxPairs {
+		bad("pairs must be 1 to %d", MaxPairs)
+	}
+	if c.BodySize < 8 || c.BodySize > MaxBodySize {
+		bad("body size must be 8 to %d (the first 8 bytes carry the send time)", MaxBodySize)
+	}
+	if strings.ContainsAny(c.Prefix, "{}|") || len(c.Prefix) > 64 {
+		bad("prefix must be at most 64 bytes without { } |")
+	}
+	if c.Addr != "" && c.AdminURL != "" {
+		host, _, err := net.SplitHostPort(c.Addr)
+		if err != nil {
+			bad("addr: %v", err)
+		}
+		u, uerr := url.Parse(c.AdminURL)
+		if uerr != nil || u.Host == "" {
+			bad("admin URL %q: want http://host:port", c.AdminURL)
+		}
+		remote := err == nil && !isLoopback(host) || uerr == nil && u.Host != "" && !isLoopback(u.Hostname())
+		if remote && !c.AllowRemote {
+			bad("refusing a non-loopback server without -allow-remote (load tests hurt whatever they point at)")
+		}
+		if remote && c.Sources > 1 {
+			bad("sources > 1 dials from 127.0.0.x: loopback servers only")
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// NewPrefix returns a fresh run prefix: "lt" + the time in base 36 + 4
+// random bytes, so runs against one server never collide.
+func NewPrefix() string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return fmt.Sprintf("lt%s%x-", strconv.FormatInt(time.Now().Unix(), 36), b)
+}
+
+// scenarios maps a name to its driver.
+var scenarios = map[string]func(context.Context, *runner) error{
+	"direct": runDirect,
+}
+
+// Scenarios lists the scenario names.
+func Scenarios() []string {
+	names := make([]string, 0, len(scenarios))
+	for n := range scenarios {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// Run runs cfg's scenario and returns its report. An error means the run
+// could not be made (bad config, provisioning or connecting failed); a
+// run that was made but lost messages returns a report whose Failed is
+// true.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	r := newRunner(cfg)
+	defer r.close()
+	if err := scenarios[cfg.Scenario](ctx, r); err != nil {
+		return nil, err
+	}
+	return r.report, nil
+}
+
+// runner holds one run's state and the building blocks scenarios use.
+type runner struct {
+	// Static after construction.
+	cfg     Config
+	clk     clock
+	admin   *Admin
+	tracker *Tracker
+	report  *Report // filled by finish
+
+	sendOK  *Hist // send → send_ok, from the intended start
+	push    *Hist // send → push at a receiver, from the intended start
+	lag     *Hist // intended start → the moment the pacer issued the send
+	connect *Hist // dial + auth
+	errs    Errors
+
+	sent       atomic.Int64 // sends issued (written or handed to Do)
+	inflight   atomic.Int64 // sends without a reply yet
+	lastOK     atomic.Int64 // unix nanos of the newest send_ok
+	lastPush   atomic.Int64 // unix nanos of the newest counted push
+	acks       atomic.Int64 // acks written
+	syncs      atomic.Int64 // sync pages read after hints
+	pushesSeen atomic.Int64 // for Config.dropEvery
+	syncQ      chan *Conn   // connections with hints to sync; set by connectAll
+	hints      atomic.Int64
+	kicks      atomic.Int64
+	badReplies atomic.Int64 // replies with a rid the tool does not know
+	fdLimit    int64
+	notes      []string
+
+	mu    sync.Mutex // guards conns
+	conns []*Conn
+
+	wg     sync.WaitGroup     // every goroutine the runner starts
+	stop   chan struct{}      // closed by close: writers and the live line end
+	ctx    context.Context    // canceled by close: Do calls end
+	cancel context.CancelFunc //
+}
+
+func newRunner(cfg Config) *runner {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &runner{
+		cfg: cfg, clk: newClock(), admin: NewAdmin(cfg.AdminURL, cfg.AdminToken), tracker: NewTracker(),
+		sendOK: NewHist(), push: NewHist(), lag: NewHist(), connect: NewHist(),
+		stop: make(chan struct{}), ctx: ctx, cancel: cancel,
+		report: &Report{Scenario: cfg.Scenario},
+	}
+}
+
+// goroutine starts f tracked by r.wg.
+func (r *runner) goroutine(f func()) {
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		f()
+	}()
+}
+
+// note records a warning for the report.
+func (r *runner) note(format string, args ...any) {
+	r.notes = append(r.notes, fmt.Sprintf(format, args...))
+}
+
+// close closes every connection and waits for the runner's goroutines.
+func (r *runner) close() {
+	select {
+	case <-r.stop:
+		return
+	default:
+	}
+	close(r.stop)
+	r.cancel()
+	r.mu.Lock()
+	conns := r.conns
+	r.mu.Unlock()
+	for _, c := range conns {
+		c.close()
+	}
+	r.wg.Wait()
+}
+
+// clock gives unix nanoseconds from the monotonic clock: immune to wall
+// clock steps during a run, comparable with the times embedded in bodies
+// (both ends live in this process).
+type clock struct {
+	base     time.Time
+	baseUnix int64
+}
+
+func newClock() clock {
+	now := time.Now()
+	return clock{base: now, baseUnix: now.UnixNano()}
+}
+
+func (c clock) now() int64 { return c.baseUnix + int64(time.Since(c.base)) }

@@ -1,0 +1,211 @@
+package loadtest
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// load runs the measured part of a run: it samples CPU, fires sends on the
+// clock for the configured duration (pace), waits for the replies and
+// pushes still owed (drain), samples CPU again, and fills r.report.
+// fire(k, intended) must issue the k-th send, meant to start at intended
+// (unix nanos), without waiting for anything.
+func (r *runner) load(ctx context.Context, fire func(k, intended int64)) {
+	cpu0 := r.sampleCPU()
+	self0 := selfCPU()
+	mach0, machErr := machineCPU()
+	liveDone := make(chan struct{})
+	liveStopped := make(chan struct{})
+	r.goroutine(func() { r.live(liveDone, liveStopped) })
+
+	ackDone := make(chan struct{})
+	if r.cfg.AckDelay > 0 {
+		r.goroutine(func() { r.ackLoop(ackDone) })
+	}
+	syncCtx, stopSync := context.WithCancel(r.ctx)
+	for range syncers {
+		r.goroutine(func() { r.syncer(syncCtx) })
+	}
+
+	start, end := r.pace(ctx, fire)
+	drainEnd := r.drain(ctx)
+	close(ackDone)
+	stopSync()
+
+	cpu1 := r.sampleCPU()
+	self1 := selfCPU()
+	mach1, _ := machineCPU()
+	close(liveDone)
+	<-liveStopped
+	r.verifyLost(ctx)
+	cpu := cpuDelta(cpu0, cpu1)
+	if machErr == nil {
+		cpu["machine"] = mach1 - mach0
+	}
+	r.finish(start, end, drainEnd, cpu, self1-self0)
+}
+
+// pace calls fire for k = 0, 1, … n-1 (n = rate × duration) at the
+// intended times start + k/rate, from this goroutine: open loop, the
+// schedule never waits for a reply. When the pacer wakes up late it fires
+// everything already due at once, each send keeping its own intended
+// time, so the delay counts in every latency. It returns the window.
+func (r *runner) pace(ctx context.Context, fire func(k, intended int64)) (start, end int64) {
+	rate := r.cfg.Rate
+	n := int64(rate * r.cfg.Duration.Seconds())
+	at := func(k int64) int64 { return start + int64(float64(k)*1e9/rate) }
+	start = r.clk.now()
+	for k := int64(0); k < n && ctx.Err() == nil; {
+		now := r.clk.now()
+		due := min(n, int64(float64(now-start)*rate/1e9)+1)
+		for ; k < due; k++ {
+			intended := at(k)
+			r.lag.Record(0, r.clk.now()-intended)
+			fire(k, intended)
+		}
+		if k < n {
+			if d := at(k) - r.clk.now(); d > 0 {
+				time.Sleep(time.Duration(d))
+			}
+		}
+	}
+	end = max(r.clk.now(), start+int64(r.cfg.Duration))
+	return start, end
+}
+
+// drain waits up to cfg.Drain for every reply and every owed push, and
+// returns when it stopped waiting.
+func (r *runner) drain(ctx context.Context) int64 {
+	deadline := r.clk.now() + int64(r.cfg.Drain)
+	for r.clk.now() < deadline && ctx.Err() == nil {
+		if r.inflight.Load() == 0 && r.tracker.Matched() {
+			if _, lost, _ := r.tracker.Check(0); lost == 0 {
+				break
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return r.clk.now()
+}
+
+// syncers is how many goroutines sync hinted conversations.
+const syncers = 4
+
+// syncer syncs the conversations of hinted connections until ctx ends.
+func (r *runner) syncer(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case c := <-r.syncQ:
+			c.syncHinted(ctx)
+		}
+	}
+}
+
+// ackLoop acks, every AckDelay, each device's cursor in each of its
+// conversations that moved, as client.Client does with AutoAck.
+func (r *runner) ackLoop(done <-chan struct{}) {
+	t := time.NewTicker(r.cfg.AckDelay)
+	defer t.Stop()
+	r.mu.Lock()
+	conns := r.conns
+	r.mu.Unlock()
+	for {
+		select {
+		case <-done:
+			return
+		case <-t.C:
+		}
+		for _, c := range conns {
+			for conv, ref := range c.routes {
+				if ref.i < 0 {
+					continue
+				}
+				if seq, ok := ref.track.ackable(ref.i); ok {
+					c.ack(conv, seq)
+				}
+			}
+		}
+	}
+}
+
+// live prints one progress line a second until done is closed.
+func (r *runner) live(done <-chan struct{}, stopped chan<- struct{}) {
+	defer close(stopped)
+	if r.cfg.Live == LiveOff {
+		<-done
+		return
+	}
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	start := r.clk.now()
+	var lastSent, lastConf, lastDeliv int64
+	for {
+		select {
+		case <-done:
+			if r.cfg.Live == LiveTTY {
+				fmt.Fprintln(r.cfg.Out)
+			}
+			return
+		case <-t.C:
+		}
+		sent, conf, deliv := r.sent.Load(), r.tracker.confirmed.Load(), r.tracker.delivered.Load()
+		ok, push := Summarize(r.sendOK.Interval()), Summarize(r.push.Interval())
+		line := fmt.Sprintf("%4.0fs  sent %6d/s  confirmed %6d/s  delivered %6d/s  send_ok p99 %7.2fms  push p99 %7.2fms  inflight %6d  errors %d",
+			float64(r.clk.now()-start)/1e9, sent-lastSent, conf-lastConf, deliv-lastDeliv, ok.P99, push.P99, r.inflight.Load(), r.errs.Total())
+		lastSent, lastConf, lastDeliv = sent, conf, deliv
+		if r.cfg.Live == LiveTTY {
+			fmt.Fprint(r.cfg.Out, "\r"+line+"\x1b[K")
+		} else {
+			fmt.Fprintln(r.cfg.Out, line)
+		}
+	}
+}
+
+// cpuSample is the CPU time of each watched process tree, by name, and
+// pid → CPU time for each tree.
+type cpuSample map[string]map[int]time.Duration
+
+// watched returns the processes whose CPU the report shows: "server"
+// (-server-pid) and the -cpu ones.
+func (r *runner) watched() map[string]int {
+	w := map[string]int{}
+	if r.cfg.ServerPID > 0 {
+		w["server"] = r.cfg.ServerPID
+	}
+	for name, pid := range r.cfg.CPUPIDs {
+		w[name] = pid
+	}
+	return w
+}
+
+func (r *runner) sampleCPU() cpuSample {
+	s := cpuSample{}
+	for name, pid := range r.watched() {
+		if m, err := treeCPU(pid); err == nil {
+			s[name] = m
+		}
+	}
+	return s
+}
+
+// cpuDelta is the CPU used between two samples, per name: the sum over
+// processes present in the second sample (those that started meanwhile
+// count whole; those that exited meanwhile are missed).
+func cpuDelta(a, b cpuSample) map[string]time.Duration {
+	out := map[string]time.Duration{}
+	for name, after := range b {
+		before, ok := a[name]
+		if !ok {
+			continue
+		}
+		var d time.Duration
+		for pid, t := range after {
+			d += t - before[pid]
+		}
+		out[name] = d
+	}
+	return out
+}

@@ -1,0 +1,316 @@
+package loadtest
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/parley-im/parley/wire"
+)
+
+// Report is the result of one run; its JSON form is what -json writes.
+type Report struct {
+	Scenario    string     `json:"scenario"`
+	RunPrefix   string     `json:"run_prefix"`
+	Addr        string     `json:"addr"`
+	Client      ClientMode `json:"client"`
+	Pairs       int        `json:"pairs,omitempty"`
+	Connections int        `json:"connections"`
+	BodySize    int        `json:"body_size"`
+	Sources     int        `json:"sources"`
+	FDLimit     int64      `json:"fd_limit"`
+
+	DurationS      float64 `json:"duration_s"` // the send window
+	DrainS         float64 `json:"drain_s"`    // how long the drain waited
+	TargetRate     float64 `json:"target_rate"`
+	SendsPerS      float64 `json:"sends_per_s"`      // sent / window
+	ConfirmedPerS  float64 `json:"confirmed_per_s"`  // confirmed / (window or until the last send_ok, if later)
+	DeliveriesPerS float64 `json:"deliveries_per_s"` // delivered / (window or until the last push, if later)
+
+	Sent       int64 `json:"sent"`              // sends written
+	Confirmed  int64 `json:"confirmed"`         // send_ok (dup:false)
+	Delivered  int64 `json:"delivered"`         // unique msg events received by member devices (pushed, or synced after a hint)
+	Synced     int64 `json:"delivered_by_sync"` // of those, read by the sync a hint asked for, never pushed
+	Expected   int64 `json:"expected"`          // deliveries owed for the confirmed sends
+	Lost       int64 `json:"lost"`              // confirmed, never received (pushed, or synced after a hint) by an online member device by the end of the drain
+	Duplicated int64 `json:"duplicated"`        // pushes of a (conv, seq) the device already had
+	// LostStored and LostNotStored split the lost ones the tool could check
+	// with sync: in the log (a lost push, repairable by sync), or missing
+	// from it although confirmed (a durability failure).
+	LostChecked          int64            `json:"lost_checked,omitempty"`
+	LostStored           int64            `json:"lost_stored,omitempty"`
+	LostNotStored        int64            `json:"lost_not_stored,omitempty"`
+	LostSample           []Lost           `json:"lost_sample,omitempty"`
+	DeliveredUnconfirmed int64            `json:"delivered_unconfirmed"` // pushes of sends that got no send_ok
+	UnexpectedPushes     int64            `json:"unexpected_pushes"`     // pushes to the sender itself or to an untracked conversation
+	DupReplies           int64            `json:"dup_replies"`           // send_ok with dup:true
+	BadReplies           int64            `json:"bad_replies"`           // replies the tool cannot match
+	Acks                 int64            `json:"acks"`
+	Hints                int64            `json:"hints"`
+	Syncs                int64            `json:"syncs"` // sync pages read after hints
+	Kicks                int64            `json:"kicks"`
+	Disconnects          int64            `json:"disconnects"`
+	Errors               map[string]int64 `json:"errors"` // code → count (PROTOCOL.md §6 codes and the tool's own)
+
+	SendOKMs      Summary `json:"send_ok_ms"`      // send → send_ok, from the intended start
+	PushMs        Summary `json:"push_ms"`         // send → push at the receiver, from the intended start
+	ScheduleLagMs Summary `json:"schedule_lag_ms"` // intended start → issued by the pacer
+	ConnectMs     Summary `json:"connect_ms"`      // dial + auth
+
+	ServerCPUUsPerSend *float64 `json:"server_cpu_us_per_send"` // null without -server-pid
+	ClientCPUUsPerSend *float64 `json:"client_cpu_us_per_send"`
+	CPU                []CPUUse `json:"cpu,omitempty"`
+	Notes              []string `json:"notes,omitempty"`
+}
+
+// CPUUse is one process tree's CPU over the measured window (send window
+// plus drain).
+type CPUUse struct {
+	Name       string   `json:"name"`
+	PID        int      `json:"pid,omitempty"`
+	CPUSeconds float64  `json:"cpu_s"`
+	Cores      float64  `json:"cores"`                 // CPU seconds per wall second
+	UsPerSend  *float64 `json:"us_per_send,omitempty"` // per confirmed send
+}
+
+// Failed reports whether a confirmed message was lost or duplicated (the
+// exit status of parley-load).
+func (rep *Report) Failed() bool { return rep.Lost > 0 || rep.Duplicated > 0 }
+
+// WriteJSON writes the report as indented JSON.
+func (rep *Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(rep)
+}
+
+// WriteTable writes the human summary.
+func (rep *Report) WriteTable(w io.Writer) {
+	fmt.Fprintf(w, "%s: %.1fs at %.0f/s target, %d connections, body %d B, client %s, run %s\n",
+		rep.Scenario, rep.DurationS, rep.TargetRate, rep.Connections, rep.BodySize, rep.Client, rep.RunPrefix)
+	fmt.Fprintf(w, "sent %d (%.0f/s)  confirmed %d (%.0f/s)  delivered %d (%.0f/s)  lost %d  duplicated %d\n",
+		rep.Sent, rep.SendsPerS, rep.Confirmed, rep.ConfirmedPerS, rep.Delivered, rep.DeliveriesPerS, rep.Lost, rep.Duplicated)
+	if rep.Lost > 0 {
+		fmt.Fprintf(w, "lost checked by sync: %d (in the log: %d, missing from the log: %d)\n", rep.LostChecked, rep.LostStored, rep.LostNotStored)
+	}
+	var errs []string
+	for _, k := range slices.Sorted(maps.Keys(rep.Errors)) {
+		errs = append(errs, fmt.Sprintf("%s=%d", k, rep.Errors[k]))
+	}
+	if len(errs) == 0 {
+		errs = []string{"none"}
+	}
+	fmt.Fprintf(w, "errors: %s   acks %d  hints %d (synced %d pages, %d deliveries)  kicks %d  disconnects %d  unconfirmed deliveries %d\n",
+		strings.Join(errs, " "), rep.Acks, rep.Hints, rep.Syncs, rep.Synced, rep.Kicks, rep.Disconnects, rep.DeliveredUnconfirmed)
+	for _, c := range rep.CPU {
+		per := "-"
+		if c.UsPerSend != nil {
+			per = fmt.Sprintf("%.1f µs/send", *c.UsPerSend)
+		}
+		pid := ""
+		if c.PID > 0 {
+			pid = fmt.Sprintf(" (pid %d)", c.PID)
+		}
+		fmt.Fprintf(w, "cpu %-10s %6.2f cores  %s%s\n", c.Name, c.Cores, per, pid)
+	}
+	fmt.Fprintf(w, "%-16s %9s %9s %9s %9s %9s %10s\n", "ms", "p50", "p90", "p99", "p99.9", "max", "count")
+	for _, row := range []struct {
+		name string
+		s    Summary
+	}{{"send_ok_ms", rep.SendOKMs}, {"push_ms", rep.PushMs}, {"schedule_lag_ms", rep.ScheduleLagMs}, {"connect_ms", rep.ConnectMs}} {
+		fmt.Fprintf(w, "%-16s %9.2f %9.2f %9.2f %9.2f %9.2f %10d\n", row.name, row.s.P50, row.s.P90, row.s.P99, row.s.P999, row.s.Max, row.s.Count)
+	}
+	for _, n := range rep.Notes {
+		fmt.Fprintln(w, "note:", n)
+	}
+}
+
+// finish builds r.report from the counters of a finished load.
+func (r *runner) finish(start, end, drainEnd int64, cpu map[string]time.Duration, self time.Duration) {
+	rep := r.report
+	rep.DurationS = round3(float64(end-start) / 1e9)
+	rep.DrainS = round3(float64(drainEnd-end) / 1e9)
+	rep.TargetRate = r.cfg.Rate
+	rep.Client = r.cfg.Client
+	rep.BodySize = r.cfg.BodySize
+	rep.Sources = r.cfg.Sources
+	rep.FDLimit = r.fdLimit
+	rep.RunPrefix = r.cfg.Prefix
+	rep.Addr = r.cfg.Addr
+
+	// Replies still owed.
+	var unanswered, closed int64
+	r.mu.Lock()
+	conns := r.conns
+	r.mu.Unlock()
+	for _, c := range conns {
+		if c.dead() {
+			rep.Disconnects++
+			closed += c.unanswered()
+		} else {
+			unanswered += c.unanswered()
+		}
+	}
+	if r.cfg.Client == ClientDo {
+		unanswered = r.inflight.Load()
+	}
+	r.errs.Add("NO_REPLY", unanswered)
+	r.errs.Add("CONN_CLOSED", closed)
+
+	t := r.tracker
+	rep.Sent = r.sent.Load()
+	rep.Confirmed = t.confirmed.Load()
+	rep.Delivered = t.delivered.Load()
+	rep.Synced = t.synced.Load()
+	rep.Syncs = r.syncs.Load()
+	rep.Expected = t.expected.Load()
+	rep.Duplicated = t.duplicated.Load()
+	rep.UnexpectedPushes = t.unexpected.Load()
+	rep.DupReplies = t.dupReplies.Load()
+	rep.BadReplies = r.badReplies.Load()
+	rep.Acks, rep.Hints, rep.Kicks = r.acks.Load(), r.hints.Load(), r.kicks.Load()
+	rep.LostSample, rep.Lost, rep.DeliveredUnconfirmed = t.Check(20)
+	rep.Errors = r.errs.Snapshot()
+	// Rates: over the send window, or up to the last reply or push if
+	// those kept coming during the drain (a server that fell behind).
+	per := func(n, last int64) float64 {
+		w := float64(max(end, last)-start) / 1e9
+		if w <= 0 {
+			return 0
+		}
+		return round3(float64(n) / w)
+	}
+	rep.SendsPerS = per(rep.Sent, end)
+	rep.ConfirmedPerS = per(rep.Confirmed, r.lastOK.Load())
+	rep.DeliveriesPerS = per(rep.Delivered, r.lastPush.Load())
+	rep.SendOKMs = Summarize(r.sendOK.Total())
+	rep.PushMs = Summarize(r.push.Total())
+	rep.ScheduleLagMs = Summarize(r.lag.Total())
+	rep.ConnectMs = Summarize(r.connect.Total())
+
+	wall := float64(drainEnd-start) / 1e9
+	use := func(name string, pid int, d time.Duration) CPUUse {
+		u := CPUUse{Name: name, PID: pid, CPUSeconds: round3(d.Seconds())}
+		if wall > 0 {
+			u.Cores = round3(d.Seconds() / wall)
+		}
+		if rep.Confirmed > 0 {
+			v := round3(float64(d.Microseconds()) / float64(rep.Confirmed))
+			u.UsPerSend = &v
+		}
+		return u
+	}
+	watched := r.watched()
+	var known time.Duration // CPU of the watched processes and the tool
+	for _, name := range slices.Sorted(maps.Keys(cpu)) {
+		if name == "machine" {
+			continue
+		}
+		u := use(name, watched[name], cpu[name])
+		rep.CPU = append(rep.CPU, u)
+		known += cpu[name]
+		if name == "server" {
+			rep.ServerCPUUsPerSend = u.UsPerSend
+		}
+	}
+	for name, pid := range watched {
+		if _, ok := cpu[name]; !ok {
+			r.note("no CPU figures for %s (pid %d): cannot read /proc/%d/stat", name, pid, pid)
+		}
+	}
+	if self > 0 {
+		u := use("load-tool", 0, self)
+		rep.CPU = append(rep.CPU, u)
+		rep.ClientCPUUsPerSend = u.UsPerSend
+		if u.Cores > 0.85 {
+			r.note("the load tool used %.0f%% of a core: it may be the bottleneck", 100*u.Cores)
+		}
+		known += self
+	}
+	if m, ok := cpu["machine"]; ok {
+		// Everything else that ran: the kernel's share of the network
+		// stack, and other programs (a noisy neighbour skews the figures).
+		rep.CPU = append(rep.CPU, use("machine", 0, m))
+		if other := m - known; other > 0 {
+			u := use("other", 0, other)
+			rep.CPU = append(rep.CPU, u)
+			if u.Cores > 0.25 {
+				r.note("%.2f cores of CPU went to processes the report does not watch (other programs or the kernel): the figures may be skewed", u.Cores)
+			}
+		}
+	}
+	if lag := rep.ScheduleLagMs; lag.P99 > 5 {
+		r.note("the pacer fell behind its schedule (lag p99 %.1f ms, max %.1f ms): every latency includes that delay", lag.P99, lag.Max)
+	}
+	if rep.Hints > 0 {
+		r.note("the server sent %d hints (it dropped pushes for a device that fell behind, or its redelivery scan saw pushes unacked for redelivery_delay); the tool synced as a client would: %d deliveries came by sync", rep.Hints, rep.Synced)
+	}
+	rep.Notes = r.notes
+}
+
+// verifyLost syncs the conversations of (up to a few thousand) lost
+// deliveries on the receiving device's connection, to tell a lost push
+// (the event is in the log) from a lost message (confirmed, but not in
+// the log).
+func (r *runner) verifyLost(ctx context.Context) {
+	lost, n, _ := r.tracker.Check(5000)
+	if n == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	byDev := map[string]*Conn{}
+	r.mu.Lock()
+	for _, c := range r.conns {
+		byDev[c.dev.ID] = c
+	}
+	r.mu.Unlock()
+	type key struct{ conv, dev string }
+	groups := map[key][]int64{}
+	for _, l := range lost {
+		k := key{l.Conv, l.Device}
+		groups[k] = append(groups[k], l.Seq)
+	}
+	rep := r.report
+	for k, seqs := range groups {
+		c := byDev[k.dev]
+		if c == nil || c.dead() {
+			continue
+		}
+		lo, hi := slices.Min(seqs), slices.Max(seqs)
+		found := map[int64]bool{}
+		after, ok := lo-1, true
+		for pages := 0; after < hi && pages < 1000; pages++ {
+			m, err := c.c.Sync(ctx, k.conv, after, 1000)
+			if err != nil {
+				ok = false
+				break
+			}
+			for _, ev := range m.Events {
+				if ev.Kind == wire.KindMsg {
+					found[ev.Seq] = true
+				}
+			}
+			if !m.More || m.Upto <= after {
+				break
+			}
+			after = m.Upto
+		}
+		if !ok {
+			continue
+		}
+		for _, s := range seqs {
+			rep.LostChecked++
+			if found[s] {
+				rep.LostStored++
+			} else {
+				rep.LostNotStored++
+			}
+		}
+	}
+}

@@ -1,0 +1,17 @@
+//go:build !linux
+
+package loadtest
+
+import (
+	"errors"
+	"time"
+)
+
+var errNoProc = errors.New("process CPU accounting needs Linux /proc")
+
+func procCPU(pid int) (time.Duration, error)         { return 0, errNoProc }
+func treeCPU(pid int) (map[int]time.Duration, error) { return nil, errNoProc }
+func selfCPU() time.Duration                         { return 0 }
+func openFileLimit() (int64, error)                  { return 1 << 20, nil }
+func ephemeralPorts() int                            { return 28000 }
+func machineCPU() (time.Duration, error)             { return 0, errNoProc }
