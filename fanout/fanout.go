@@ -54,16 +54,26 @@ type Fanout struct {
 	queue chan []eventlog.Committed
 	wg    sync.WaitGroup
 
+	// Conversations with commits whose dense_seq watermark has not been
+	// advanced yet; advanceLoop does it once a second (a lagging
+	// watermark only makes unread counting read a few more index entries).
+	dmu   sync.Mutex
+	dirty map[string]bool
+	stop  chan struct{}
+
 	closeOnce sync.Once
 }
 
 // New starts workers delivery goroutines.
 func New(st *store.Store, routes *route.Table, bus *Bus, local Local, log *slog.Logger, workers int) *Fanout {
-	f := &Fanout{st: st, routes: routes, bus: bus, local: local, log: log, queue: make(chan []eventlog.Committed, 4096)}
+	f := &Fanout{st: st, routes: routes, bus: bus, local: local, log: log, queue: make(chan []eventlog.Committed, 4096),
+		dirty: map[string]bool{}, stop: make(chan struct{})}
 	f.wg.Add(workers)
 	for i := 0; i < workers; i++ {
 		go f.work()
 	}
+	f.wg.Add(1)
+	go f.advanceLoop()
 	return f
 }
 
@@ -73,8 +83,54 @@ func (f *Fanout) Enqueue(evs []eventlog.Committed) { f.queue <- evs }
 
 // Close delivers what is queued and stops the workers.
 func (f *Fanout) Close() {
-	f.closeOnce.Do(func() { close(f.queue) })
+	f.closeOnce.Do(func() {
+		close(f.queue)
+		close(f.stop)
+	})
 	f.wg.Wait()
+}
+
+func (f *Fanout) markDirty(evs []eventlog.Committed) {
+	f.dmu.Lock()
+	for _, e := range evs {
+		f.dirty[e.Conv] = true
+	}
+	f.dmu.Unlock()
+}
+
+func (f *Fanout) advanceLoop() {
+	defer f.wg.Done()
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-f.stop:
+			f.advance()
+			return
+		case <-t.C:
+			f.advance()
+		}
+	}
+}
+
+// advance raises the dense_seq watermark of every dirty conversation.
+func (f *Fanout) advance() {
+	f.dmu.Lock()
+	convs := make([]string, 0, len(f.dirty))
+	for c := range f.dirty {
+		convs = append(convs, c)
+	}
+	clear(f.dirty)
+	f.dmu.Unlock()
+	for len(convs) > 0 {
+		n := min(len(convs), 500)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if err := f.st.AdvanceDense(ctx, convs[:n]); err != nil {
+			f.log.Debug("advancing dense_seq", "err", err)
+		}
+		cancel()
+		convs = convs[n:]
+	}
 }
 
 func (f *Fanout) work() {
@@ -98,9 +154,7 @@ func (f *Fanout) work() {
 		if err := f.deliver(ctx, evs); err != nil {
 			f.log.Warn("fan-out failed; clients will catch up by sync", "events", len(evs), "err", err)
 		}
-		if err := f.st.AdvanceDense(ctx, convsOf(evs)); err != nil {
-			f.log.Debug("advancing dense_seq", "err", err)
-		}
+		f.markDirty(evs)
 		cancel()
 	}
 }
@@ -215,15 +269,3 @@ func (f *Fanout) ToUser(ctx context.Context, user, exceptDevice string, frame []
 	return nil
 }
 
-// convsOf lists the distinct conversations of evs.
-func convsOf(evs []eventlog.Committed) []string {
-	seen := map[string]bool{}
-	var out []string
-	for _, e := range evs {
-		if !seen[e.Conv] {
-			seen[e.Conv] = true
-			out = append(out, e.Conv)
-		}
-	}
-	return out
-}

@@ -131,7 +131,7 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Server, e
 		Notify: func(ctx context.Context, user, except string, frame []byte) error {
 			return fan.ToUser(ctx, user, except, frame)
 		}}, log, s.reg)
-	fan = fanout.New(s.st, s.routes, s.bus, s.gw, log, 2)
+	fan = fanout.New(s.st, s.routes, s.bus, s.gw, log, 4)
 	s.fan = fan
 	if s.ps, err = s.bus.Subscribe(ctx); err != nil {
 		return nil, err
