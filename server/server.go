@@ -121,7 +121,9 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Server, e
 	}
 	s.bus = fanout.NewBus(s.rdb, cfg.RedisPrefix, s.cfg.GatewayID)
 	seqs := seq.New(s.rdb, cfg.RedisPrefix, s.st.Head)
-	s.cursors = cursor.New(s.st, s.rdb, cfg.RedisPrefix, log, cfg.CommitWorkers, cfg.CommitBatch)
+	// Acks are many and small: fewer workers make bigger batches, so they
+	// cost fewer commits (WAL flushes) and leave more to sends.
+	s.cursors = cursor.New(s.st, s.rdb, cfg.RedisPrefix, log, max(1, cfg.CommitWorkers/2), cfg.CommitBatch)
 	// The gateway and fan-out refer to each other (fan-out delivers to the
 	// gateway; the gateway's requests feed the log that feeds fan-out).
 	var fan *fanout.Fanout
