@@ -41,8 +41,8 @@ test: services ## Vet, run all tests with -race against real PostgreSQL and Redi
 	$(GO) test ./wire -run '^$$' -fuzz FuzzDecodeRequest -fuzztime 10s
 .PHONY: test
 
-bench: services ## Run the benchmarks (wire, store, seq)
-	$(TEST_ENV) $(GO) test -run '^$$' -bench . -benchtime 1s ./wire/ ./store/ ./seq/
+bench: services ## Run the standard benchmark suite (a few minutes) and write BENCHMARKS.md
+	$(TEST_ENV) bash tools/bench.sh
 .PHONY: bench
 
 fmt: ## Format the Go code (gofmt -s)

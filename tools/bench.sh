@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The standard benchmark suite behind `make bench`: reference ceilings
+# (Redis INCR, PostgreSQL inserts), the codec, and durable 1:1 sends with
+# parley-load at a few rates, RUNS times each; then BENCHMARKS.md.
+# Bounded: about (rates × RUNS × 16 s) + 1 minute. Loopback only.
+#
+# Environment: RATES (default "5000 10000 20000"), RUNS (default 3),
+# OUT (default BENCHMARKS.md).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+RATES=${RATES:-"5000 10000 20000"}
+RUNS=${RUNS:-3}
+OUT=${OUT:-BENCHMARKS.md}
+res=$(mktemp -d /tmp/parley-bench.XXXXXX)
+bin=$res/bin
+mkdir -p "$bin"
+echo "results in $res"
+
+go build -o "$bin/parleyd" ./cmd/parleyd
+go build -o "$bin/parley-load" ./cmd/parley-load
+
+{
+  echo "cores: $(nproc), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+  echo "memory: $(free -g | awk '/Mem:/{print $2}') GiB"
+  echo "$(go version)"
+  echo "PostgreSQL: $(psql --version | awk '{print $3}'), Redis: $(redis-server --version | awk '{print $3}' | cut -d= -f2)"
+  echo "kernel: $(uname -r)"
+  echo "date: $(date -u +%Y-%m-%dT%H:%MZ), commit $(git rev-parse --short HEAD)"
+} > "$res/machine.txt"
+
+echo "== reference ceilings"
+redis-benchmark -t incr -n 200000 -q > "$res/redis_incr_p1.txt" 2>&1
+redis-benchmark -t incr -n 1000000 -P 16 -q > "$res/redis_incr_p16.txt" 2>&1
+go test -run '^$' -bench InsertCeiling -benchtime 2s -count 3 ./store/ > "$res/pg_insert.txt" 2>&1
+
+echo "== codec"
+go test -run '^$' -bench . -benchtime 1s -count 3 ./wire/ > "$res/codec.txt" 2>&1
+
+echo "== parley-load direct"
+port=$((20000 + RANDOM % 20000))
+admin=$((port + 1))
+prefix="bench$RANDOM:"
+PARLEY_REDIS_PREFIX=$prefix PARLEY_ADMIN_TOKEN=bench PARLEY_SEND_RATE=0 PARLEY_METRICS_LISTEN= \
+  PARLEY_LISTEN=127.0.0.1:$port PARLEY_ADMIN_LISTEN=127.0.0.1:$admin \
+  taskset -c 0 "$bin/parleyd" > "$res/parleyd.log" 2>&1 &
+pid=$!
+trap 'kill $pid 2>/dev/null || true' EXIT
+for _ in $(seq 100); do
+  grep -q "parleyd ready" "$res/parleyd.log" && break
+  sleep 0.1
+done
+pgpid=$(head -1 /var/run/postgresql/*-main.pid 2>/dev/null || true)
+rdpid=$(pgrep -o redis-server || true)
+cpu="redis=$rdpid"
+[ -n "$pgpid" ] && cpu="postgres=$pgpid,$cpu"
+cmd="taskset -c 1 parley-load direct -addr 127.0.0.1:$port -admin http://127.0.0.1:$admin -token bench -rate RATE -duration 10s -pairs 200 -server-pid PARLEYD_PID -cpu $cpu -json FILE"
+{
+  echo "PARLEY_SEND_RATE=0 taskset -c 0 parleyd   # per-device rate limit off; default config otherwise"
+  echo "$cmd"
+} > "$res/commands.txt"
+for rate in $RATES; do
+  for run in $(seq "$RUNS"); do
+    echo "-- rate $rate run $run"
+    taskset -c 1 "$bin/parley-load" direct -addr 127.0.0.1:$port -admin http://127.0.0.1:$admin -token bench \
+      -rate "$rate" -duration 10s -pairs 200 -server-pid $pid -cpu "$cpu" -live lines \
+      -json "$res/direct_${rate}_${run}.json" > "$res/direct_${rate}_${run}.txt" 2>&1 || true
+    tail -3 "$res/direct_${rate}_${run}.txt" | head -1
+  done
+done
+kill $pid
+wait $pid 2>/dev/null || true
+trap - EXIT
+
+[ -f "$res/extra.md" ] || : > "$res/extra.md"
+go run ./tools/benchmd -dir "$res" > "$OUT"
+echo "wrote $OUT"
