@@ -100,6 +100,10 @@ type Config struct {
 	// after the push gets a hint for that conversation (repeated with
 	// exponential backoff); 0 disables the redelivery scan.
 	RedeliveryDelay time.Duration `yaml:"redelivery_delay" default:"10s"`
+	// CommitLinger: a commit worker under load waits up to this long for
+	// more sends (or acks) before committing a batch that is not full:
+	// fewer, bigger commits. An idle worker commits a lone item at once.
+	CommitLinger time.Duration `yaml:"commit_linger" default:"1ms"`
 	// SendRate is the per-device sustained send rate (messages/s); 0
 	// disables the limit.
 	SendRate int `yaml:"send_rate" default:"100"`

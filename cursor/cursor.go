@@ -44,9 +44,9 @@ type pendingAck struct {
 }
 
 // New starts the group-commit workers.
-func New(st *store.Store, rdb redis.UniversalClient, prefix string, log *slog.Logger, workers, maxBatch int) *Cursors {
+func New(st *store.Store, rdb redis.UniversalClient, prefix string, log *slog.Logger, workers, maxBatch int, linger time.Duration) *Cursors {
 	c := &Cursors{st: st, rdb: rdb, prefix: prefix, log: log}
-	c.acks = batch.New(workers, maxBatch, maxBatch*workers*4, c.commit)
+	c.acks = batch.New(workers, maxBatch, maxBatch*workers*4, linger, c.commit)
 	return c
 }
 

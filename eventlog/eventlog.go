@@ -58,6 +58,7 @@ type Config struct {
 	HoleTimeout   time.Duration
 	CommitBatch   int
 	CommitWorkers int
+	CommitLinger  time.Duration
 }
 
 // Log is the conversation log of one process.
@@ -97,7 +98,7 @@ type pendingSend struct {
 func New(st *store.Store, seqs *seq.Allocator, cfg Config, log *slog.Logger, onCommit func([]Committed)) *Log {
 	l := &Log{st: st, seqs: seqs, cfg: cfg, log: log, onCommit: onCommit, now: time.Now,
 		members: memberCache{st: st, ttl: 5 * time.Second}}
-	l.sends = batch.New(cfg.CommitWorkers, cfg.CommitBatch, cfg.CommitBatch*cfg.CommitWorkers*4, l.commitSends)
+	l.sends = batch.New(cfg.CommitWorkers, cfg.CommitBatch, cfg.CommitBatch*cfg.CommitWorkers*4, cfg.CommitLinger, l.commitSends)
 	l.stop = make(chan struct{})
 	l.wg.Add(1)
 	go l.fenceLoop()

@@ -123,11 +123,11 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Server, e
 	seqs := seq.New(s.rdb, cfg.RedisPrefix, s.st.Head)
 	// Acks are many and small: fewer workers make bigger batches, so they
 	// cost fewer commits (WAL flushes) and leave more to sends.
-	s.cursors = cursor.New(s.st, s.rdb, cfg.RedisPrefix, log, max(1, cfg.CommitWorkers/2), cfg.CommitBatch)
+	s.cursors = cursor.New(s.st, s.rdb, cfg.RedisPrefix, log, max(1, cfg.CommitWorkers/2), cfg.CommitBatch, cfg.CommitLinger)
 	// The gateway and fan-out refer to each other (fan-out delivers to the
 	// gateway; the gateway's requests feed the log that feeds fan-out).
 	var fan *fanout.Fanout
-	s.events = eventlog.New(s.st, seqs, eventlog.Config{HoleTimeout: cfg.HoleTimeout, CommitBatch: cfg.CommitBatch, CommitWorkers: cfg.CommitWorkers},
+	s.events = eventlog.New(s.st, seqs, eventlog.Config{HoleTimeout: cfg.HoleTimeout, CommitBatch: cfg.CommitBatch, CommitWorkers: cfg.CommitWorkers, CommitLinger: cfg.CommitLinger},
 		log, func(evs []eventlog.Committed) { fan.Enqueue(evs) })
 	s.gw = conn.New(s.cfg, conn.Deps{Store: s.st, Log: s.events, Cursors: s.cursors, Routes: s.routes, Bus: s.bus,
 		Notify: func(ctx context.Context, user, except string, frame []byte) error {
