@@ -1,0 +1,69 @@
+package batch
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestLoneItemRunsAtOnceAndBatchesForm(t *testing.T) {
+	var mu sync.Mutex
+	var sizes []int
+	release := make(chan struct{})
+	running := make(chan struct{})
+	first := true
+	b := New(1, 100, 1000, 50*time.Millisecond, func(items []int) {
+		mu.Lock()
+		sizes = append(sizes, len(items))
+		block := first
+		first = false
+		mu.Unlock()
+		if block {
+			close(running)
+			<-release // hold the worker so the next items queue up
+		}
+	})
+	start := time.Now()
+	if err := b.Submit(context.Background(), 0); err != nil {
+		t.Fatal(err)
+	}
+	<-running
+	for i := 1; i <= 10; i++ {
+		_ = b.Submit(context.Background(), i)
+	}
+	time.Sleep(10 * time.Millisecond)
+	close(release)
+	b.Close()
+	if len(sizes) != 2 || sizes[0] != 1 || sizes[1] != 10 {
+		t.Fatalf("batch sizes %v, want [1 10]", sizes)
+	}
+	// The lone first item did not linger; the second (queued) batch was
+	// full-queue drained without waiting the whole linger either.
+	if d := time.Since(start); d > 45*time.Millisecond {
+		t.Fatalf("took %s: an idle worker lingered", d)
+	}
+}
+
+func TestCloseRunsQueuedAndRefusesNew(t *testing.T) {
+	var mu sync.Mutex
+	n := 0
+	b := New(2, 4, 100, time.Millisecond, func(items []int) {
+		mu.Lock()
+		n += len(items)
+		mu.Unlock()
+	})
+	for i := 0; i < 50; i++ {
+		if err := b.Submit(context.Background(), i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.Close()
+	b.Close() // twice is fine
+	if n != 50 {
+		t.Fatalf("ran %d of 50", n)
+	}
+	if err := b.Submit(context.Background(), 1); err != ErrClosed {
+		t.Fatalf("submit after close: %v", err)
+	}
+}
