@@ -46,7 +46,8 @@ func (g *Gateway) handle(s *Session, req *wire.Request) {
 		g.ack(s, req, start)
 		return
 	case wire.TRead:
-		g.read(ctx, s, req)
+		g.read(s, req, start)
+		return
 	case wire.TConvs:
 		g.convs(ctx, s, req)
 	case wire.TSnapshot:
@@ -250,26 +251,31 @@ func (g *Gateway) ack(s *Session, req *wire.Request, start time.Time) {
 	})
 }
 
-func (g *Gateway) read(ctx context.Context, s *Session, req *wire.Request) {
-	r, err := g.deps.Store.MarkRead(ctx, s.user, req.Conv, req.Seq)
-	if err != nil {
-		g.answer(s, req, err, nil)
-		return
-	}
-	if r.Advanced {
-		// Hot copy first (a max-merge, so order does not matter), then tell
-		// the user's other devices; both are best effort: the durable value
-		// is already committed and every convs/read reply carries it.
-		if err := g.deps.Cursors.MergeRead(ctx, s.user, req.Conv, r.Read); err != nil {
-			g.log.Debug("read hot copy", "err", err)
+func (g *Gateway) read(s *Session, req *wire.Request, start time.Time) {
+	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.RequestTimeout)
+	rid, conv := req.Rid, req.Conv
+	g.deps.Cursors.Read(ctx, store.ReadUpdate{User: s.user, Conv: req.Conv, Seq: req.Seq}, func(r store.ReadResult) {
+		cancel()
+		g.metrics.latency.WithLabelValues(wire.TRead).Observe(time.Since(start).Seconds())
+		g.answer(s, &wire.Request{T: wire.TRead, Rid: rid}, r.Err, wire.ReadOK{T: wire.TReadOK, Rid: rid, Conv: conv, Read: r.Read, Unread: r.Unread})
+		if r.Err != nil || !r.Advanced {
+			return
 		}
-		if frame, err := wire.AppendFrame(nil, wire.ReadChanged{T: wire.TReadChanged, Conv: req.Conv, Read: r.Read, Unread: r.Unread}); err == nil {
-			if err := g.deps.Notify(ctx, s.user, s.device, frame); err != nil {
+		// Tell the user's other devices; best effort (every convs and
+		// read reply carries the durable value anyway), off the commit
+		// worker.
+		g.goroutine(func() {
+			nctx, ncancel := context.WithTimeout(context.Background(), g.cfg.RequestTimeout)
+			defer ncancel()
+			frame, err := wire.AppendFrame(nil, wire.ReadChanged{T: wire.TReadChanged, Conv: conv, Read: r.Read, Unread: r.Unread})
+			if err == nil {
+				err = g.deps.Notify(nctx, s.user, s.device, frame)
+			}
+			if err != nil {
 				g.log.Debug("read_changed", "err", err)
 			}
-		}
-	}
-	g.answer(s, req, nil, wire.ReadOK{T: wire.TReadOK, Rid: req.Rid, Conv: req.Conv, Read: r.Read, Unread: r.Unread})
+		})
+	})
 }
 
 func (g *Gateway) convs(ctx context.Context, s *Session, req *wire.Request) {

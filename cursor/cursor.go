@@ -35,7 +35,13 @@ type Cursors struct {
 	prefix string
 	log    *slog.Logger
 
-	acks *batch.Batcher[*pendingAck]
+	acks  *batch.Batcher[*pendingAck]
+	reads *batch.Batcher[*pendingRead]
+}
+
+type pendingRead struct {
+	read store.ReadUpdate
+	done func(store.ReadResult)
 }
 
 type pendingAck struct {
@@ -47,11 +53,15 @@ type pendingAck struct {
 func New(st *store.Store, rdb redis.UniversalClient, prefix string, log *slog.Logger, workers, maxBatch int, linger time.Duration) *Cursors {
 	c := &Cursors{st: st, rdb: rdb, prefix: prefix, log: log}
 	c.acks = batch.New(workers, maxBatch, maxBatch*workers*4, linger, c.commit)
+	c.reads = batch.New(workers, maxBatch, maxBatch*workers*4, linger, c.commitReads)
 	return c
 }
 
-// Close finishes queued acks.
-func (c *Cursors) Close() { c.acks.Close() }
+// Close finishes queued acks and reads.
+func (c *Cursors) Close() {
+	c.acks.Close()
+	c.reads.Close()
+}
 
 // Key is the Redis hash of a device's delivery cursors (field: conv).
 func (c *Cursors) Key(user, device string) string {
@@ -116,8 +126,39 @@ func (c *Cursors) Forget(ctx context.Context, user, device string) error {
 // ReadKey is the Redis hash of a user's read positions (field: conv).
 func (c *Cursors) ReadKey(user string) string { return c.prefix + "rp:{" + user + "}" }
 
-// MergeRead max-merges the hot copy of user's read position in conv (the
-// durable one is in PostgreSQL already).
-func (c *Cursors) MergeRead(ctx context.Context, user, conv string, read int64) error {
-	return scripts.HashMax.Run(ctx, c.rdb, []string{c.ReadKey(user)}, conv, read, 0).Err()
+// Read queues a read report; done is called once, after the merged read
+// position is durable in PostgreSQL (group committed with other reports)
+// and, if it advanced, max-merged into the Redis hot copy.
+func (c *Cursors) Read(ctx context.Context, r store.ReadUpdate, done func(store.ReadResult)) {
+	if err := c.reads.Submit(ctx, &pendingRead{read: r, done: done}); err != nil {
+		done(store.ReadResult{Err: err})
+	}
+}
+
+func (c *Cursors) commitReads(items []*pendingRead) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ups := make([]store.ReadUpdate, len(items))
+	for i, it := range items {
+		ups[i] = it.read
+	}
+	res, err := c.st.MarkReads(ctx, ups)
+	if err != nil {
+		for _, it := range items {
+			it.done(store.ReadResult{Err: err})
+		}
+		return
+	}
+	if _, err := scripts.RunPipelined(ctx, c.rdb, func(p redis.Pipeliner) {
+		for i, r := range res {
+			if r.Err == nil && r.Advanced {
+				scripts.HashMax.EvalSha(ctx, p, []string{c.ReadKey(ups[i].User)}, ups[i].Conv, r.Read, 0)
+			}
+		}
+	}); err != nil {
+		c.log.Debug("read hot copy", "err", err)
+	}
+	for i, it := range items {
+		it.done(res[i])
+	}
 }
