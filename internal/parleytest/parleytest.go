@@ -14,7 +14,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
-	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -51,31 +51,42 @@ func Config(t testing.TB) config.Config {
 // changed), on fresh ports for the gateway and admin API.
 func Start(t testing.TB, cfg config.Config) *Env {
 	t.Helper()
-	cfg.Listen = fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
-	cfg.AdminListen = fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
-	if cfg.GatewayID == "" {
-		cfg.GatewayID = "gw-" + strconv.Itoa(testenv.FreePort(t))
-	}
 	level := slog.LevelWarn
 	if os.Getenv("PARLEY_TEST_LOG") != "" {
 		level = slog.LevelDebug
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	srv, err := server.New(ctx, cfg, log)
-	if err != nil {
-		t.Fatalf("starting parleyd: %v", err)
+	gatewayID := cfg.GatewayID
+	// The admin listener binds port 0 (no race); the gateway (gnet) needs
+	// a port up front, and another process may take it between FreePort
+	// and the bind: then try another.
+	for attempt := 1; ; attempt++ {
+		cfg.Listen = fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+		cfg.AdminListen = "127.0.0.1:0"
+		if gatewayID == "" {
+			cfg.GatewayID = "gw-" + strings.Split(cfg.Listen, ":")[1]
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		srv, err := server.New(ctx, cfg, log)
+		if err == nil {
+			if err = srv.Start(ctx); err != nil {
+				_ = srv.Shutdown(ctx)
+			}
+		}
+		cancel()
+		if err != nil {
+			if attempt < 5 && (strings.Contains(err.Error(), "address already in use") || strings.Contains(err.Error(), "bad file descriptor")) {
+				continue
+			}
+			t.Fatalf("starting parleyd: %v", err)
+		}
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_ = srv.Shutdown(ctx)
+		})
+		return &Env{Cfg: srv.Config(), Addr: cfg.Listen, AdminURL: "http://" + srv.AdminAddr(), Srv: srv}
 	}
-	if err := srv.Start(ctx); err != nil {
-		t.Fatalf("starting parleyd: %v", err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-	})
-	return &Env{Cfg: srv.Config(), Addr: cfg.Listen, AdminURL: "http://" + srv.AdminAddr(), Srv: srv}
 }
 
 // Admin calls the admin API; out (if not nil) receives the JSON reply.

@@ -14,6 +14,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	mrand "math/rand/v2"
 	"net"
 	"net/url"
 	"os"
@@ -209,17 +210,27 @@ func deletePrefix(ctx context.Context, c *redis.Client, prefix string) error {
 	}
 }
 
-// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago. (Ports
-// come from the kernel's ephemeral range, up to 60999: a Redis cluster node,
-// whose bus listens on port+10000, needs a port below 55536.)
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago,
+// from 20000–31999: below the kernel's ephemeral range, and low enough for
+// a Redis cluster node, whose bus listens on port+10000.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("testenv: finding a free port: %v", err)
+	// Not port 0: the kernel hands out ephemeral ports (32768–60999 here),
+	// and once this listener closes the same port can be taken by any
+	// outgoing connection (to PostgreSQL, Redis, another test's server)
+	// before the caller binds it. Ports below the ephemeral range are only
+	// ever taken by listeners like this one.
+	for i := 0; i < 200; i++ {
+		port := 20000 + mrand.IntN(12000)
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			continue
+		}
+		l.Close()
+		return port
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	t.Fatalf("testenv: no free port found in 20000-31999")
+	return 0
 }
 
 // CheckFor calls f every interval until it returns nil, or until timeout has
