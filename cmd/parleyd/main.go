@@ -18,6 +18,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/parley-im/parley/config"
 	"github.com/parley-im/parley/server"
 )
@@ -47,6 +49,9 @@ func main() {
 	var level slog.Level
 	_ = level.UnmarshalText([]byte(cfg.LogLevel))
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	// go-redis logs through a package-level logger (stderr by default):
+	// route it into the structured log.
+	redis.SetLogger(redisLogger{log})
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	srv, err := server.New(ctx, cfg, log)
@@ -78,4 +83,11 @@ func main() {
 	if err := srv.Shutdown(sctx); err != nil {
 		log.Warn("shutdown", "err", err)
 	}
+}
+
+// redisLogger adapts slog to go-redis's logger.
+type redisLogger struct{ l *slog.Logger }
+
+func (r redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	r.l.WarnContext(ctx, "redis client", "msg", fmt.Sprintf(format, v...))
 }
