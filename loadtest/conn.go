@@ -64,26 +64,10 @@ func (r *runner) checkFDs() error {
 // connectParallel at a time, spreading them over the source addresses.
 // tracks(i) names the conversations whose pushes device i is owed.
 func (r *runner) connectAll(ctx context.Context, devs []Device, tracks func(i int) []*convTrack) ([]*Conn, error) {
-	if need := int64(len(devs)) + fdReserve; r.fdLimit > 0 && need > r.fdLimit {
-		return nil, fmt.Errorf("the open-file limit (%d) caps this run at about %d connections; it needs %d: lower the size or raise the limit (ulimit -n)",
-			r.fdLimit, r.fdLimit-fdReserve, len(devs))
+	if err := r.checkConns(len(devs), len(devs)); err != nil {
+		return nil, err
 	}
-	if r.fdLimit > 0 && int64(len(devs))+fdReserve > r.fdLimit*8/10 {
-		r.note("%d connections use most of the open-file limit (%d)", len(devs), r.fdLimit)
-	}
-	if isLoopback(hostOf(r.cfg.Addr)) {
-		if per, ports := (len(devs)+r.cfg.Sources-1)/r.cfg.Sources, ephemeralPorts(); per > ports*9/10 {
-			return nil, fmt.Errorf("%d connections from %d source address(es) is %d per address, near the %d ephemeral ports: use -sources %d or more",
-				len(devs), r.cfg.Sources, per, ports, (len(devs)*10/9)/ports+1)
-		}
-	}
-	dialers := make([]*net.Dialer, r.cfg.Sources)
-	for i := range dialers {
-		dialers[i] = &net.Dialer{Timeout: 10 * time.Second}
-		if r.cfg.Sources > 1 {
-			dialers[i].LocalAddr = &net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(i+1))}
-		}
-	}
+	dialers := r.dialers()
 	r.syncQ = make(chan *Conn, len(devs))
 	conns := make([]*Conn, len(devs))
 	sem := make(chan struct{}, connectParallel)
@@ -134,6 +118,39 @@ func (r *runner) connectAll(ctx context.Context, devs []Device, tracks func(i in
 		}
 	}
 	return conns, nil
+}
+
+// checkConns refuses a run of conns connections (ports of them dialed
+// in all, counting connections closed and dialed again) that the
+// open-file limit or the ephemeral ports of the sources cannot hold.
+func (r *runner) checkConns(conns, ports int) error {
+	if need := int64(conns) + fdReserve; r.fdLimit > 0 && need > r.fdLimit {
+		return fmt.Errorf("the open-file limit (%d) caps this run at about %d connections; it needs %d: lower the size or raise the limit (ulimit -n)",
+			r.fdLimit, r.fdLimit-fdReserve, conns)
+	}
+	if r.fdLimit > 0 && int64(conns)+fdReserve > r.fdLimit*8/10 {
+		r.note("%d connections use most of the open-file limit (%d)", conns, r.fdLimit)
+	}
+	if isLoopback(hostOf(r.cfg.Addr)) {
+		if per, eph := (ports+r.cfg.Sources-1)/r.cfg.Sources, ephemeralPorts(); per > eph*9/10 {
+			return fmt.Errorf("%d connections from %d source address(es) is %d per address, near the %d ephemeral ports: use -sources %d or more",
+				ports, r.cfg.Sources, per, eph, (ports*10/9)/eph+1)
+		}
+	}
+	return nil
+}
+
+// dialers returns one dialer per source address (127.0.0.1 … 127.0.0.N).
+func (r *runner) dialers() []*net.Dialer {
+	dialers := make([]*net.Dialer, r.cfg.Sources)
+	for i := range dialers {
+		dialers[i] = &net.Dialer{Timeout: 10 * time.Second}
+		if r.cfg.Sources > 1 {
+			dialers[i].LocalAddr = &net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(i+1))}
+			dialers[i].Control = bindNoPort
+		}
+	}
+	return dialers
 }
 
 func hostOf(addr string) string {
@@ -214,6 +231,23 @@ func (c *Conn) send(conv string, k, intended int64) {
 func (c *Conn) ack(conv string, seq int64) {
 	req := wire.Request{T: wire.TAck, Conv: conv, Seq: seq}
 	c.r.acks.Add(1)
+	if c.r.cfg.Client == ClientDo {
+		_ = c.c.Write(&req)
+		return
+	}
+	c.mu.Lock()
+	c.out, _ = wire.AppendFrame(c.out, &req)
+	c.mu.Unlock()
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// ping writes a ping without rid (its pong is ignored), to keep the
+// connection from the server's idle_timeout.
+func (c *Conn) ping() {
+	req := wire.Request{T: wire.TPing}
 	if c.r.cfg.Client == ClientDo {
 		_ = c.c.Write(&req)
 		return

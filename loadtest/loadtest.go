@@ -9,7 +9,7 @@
 // pushed exactly once to every other online member device), records HDR
 // histograms, and reports server CPU per send beside throughput.
 //
-// A scenario (direct, and later group, large, idle, storm, mixed) is a
+// A scenario (direct, group, large, idle, storm; later mixed) is a
 // function over a runner, which offers the building blocks: provision,
 // connect, pace, drain, report.
 package loadtest
@@ -37,6 +37,8 @@ const (
 	MaxPairs    = 100_000
 	MaxBodySize = 65536
 	MaxSources  = 254
+	MaxConns    = 200_000   // connections of one run (idle, storm, group, large online)
+	MaxMembers  = 1_000_000 // members of the large scenario's group
 	// DefaultMaxInflight caps the sends waiting for a reply across the run;
 	// a send due beyond it is not made and counts as CLIENT_BACKLOG.
 	DefaultMaxInflight = 1_000_000
@@ -85,6 +87,31 @@ type Config struct {
 	Pairs    int // pairs of users, one device each (default 100)
 	BodySize int // message body bytes, at least 8 (default 100)
 
+	// Scenario group: Groups groups of Size members, one device each.
+	// Scenario storm: conversations of Size members (default 5).
+	Groups int // default 50
+	Size   int // default 20 (group), 5 (storm)
+
+	// Scenario large: one group of Members members, Online of them
+	// connected, Senders of those sending.
+	Members int // default 10000
+	Online  int // default 2000
+	Senders int // default 10
+
+	// Scenario idle: Conns connections that authenticate and ping every
+	// PingInterval for Duration; the server's RSS is read from
+	// /proc/ServerPID/status or from MetricsURL.
+	Conns        int           // default 1000
+	PingInterval time.Duration // default 30s
+	MetricsURL   string        // http://host:port of the server's metrics listener (/metrics)
+
+	// Scenario storm: Devices devices, each a member of ConvsPer
+	// conversations (of Size members) holding Msgs messages each; all
+	// drop at once and reconnect at once, each with auth and one snapshot.
+	Devices  int // default 2000
+	ConvsPer int // default 3
+	Msgs     int // default 5
+
 	Out  io.Writer // live line and notes (nil: discarded)
 	Live LiveMode
 
@@ -115,6 +142,39 @@ func (c *Config) setDefaults() {
 	if c.Pairs == 0 {
 		c.Pairs = 100
 	}
+	if c.Groups == 0 {
+		c.Groups = 50
+	}
+	if c.Size == 0 {
+		c.Size = 20
+		if c.Scenario == "storm" {
+			c.Size = 5
+		}
+	}
+	if c.Members == 0 {
+		c.Members = 10000
+	}
+	if c.Online == 0 {
+		c.Online = min(2000, c.Members)
+	}
+	if c.Senders == 0 {
+		c.Senders = min(10, c.Online)
+	}
+	if c.Conns == 0 {
+		c.Conns = 1000
+	}
+	if c.PingInterval == 0 {
+		c.PingInterval = 30 * time.Second
+	}
+	if c.Devices == 0 {
+		c.Devices = 2000
+	}
+	if c.ConvsPer == 0 {
+		c.ConvsPer = 3
+	}
+	if c.Msgs == 0 {
+		c.Msgs = 5
+	}
 	if c.BodySize == 0 {
 		c.BodySize = 100
 	}
@@ -137,8 +197,11 @@ func (c *Config) Validate() error {
 	if c.Addr == "" || c.AdminURL == "" {
 		bad("the gateway address and the admin URL are required")
 	}
-	if !(c.Rate > 0 && c.Rate <= MaxRate) {
+	if sendScenarios[c.Scenario] && !(c.Rate > 0 && c.Rate <= MaxRate) {
 		bad("rate must be in (0, %d]", MaxRate)
+	}
+	if c.Rate < 0 || c.Rate > MaxRate {
+		bad("rate must be in [0, %d]", MaxRate)
 	}
 	if c.Duration < 0 || c.Duration > MaxDuration {
 		bad("duration must be at most %s", MaxDuration)
@@ -154,6 +217,37 @@ func (c *Config) Validate() error {
 	}
 	if c.Pairs < 1 || c.Pairs > MaxPairs {
 		bad("pairs must be 1 to %d", MaxPairs)
+	}
+	if c.Groups < 1 || c.Size < 2 || int64(c.Groups)*int64(c.Size) > MaxConns {
+		bad("groups × size must be at most %d, with at least 2 members a group", MaxConns)
+	}
+	if c.Members < 2 || c.Members > MaxMembers {
+		bad("members must be 2 to %d", MaxMembers)
+	}
+	if c.Online < 2 || c.Online > c.Members || c.Online > MaxConns {
+		bad("online must be 2 to min(members, %d)", MaxConns)
+	}
+	if c.Senders < 1 || c.Senders > c.Online {
+		bad("senders must be 1 to online")
+	}
+	if c.Conns < 1 || c.Conns > MaxConns {
+		bad("conns must be 1 to %d", MaxConns)
+	}
+	if c.PingInterval < 100*time.Millisecond {
+		bad("ping interval must be at least 100ms")
+	}
+	if c.Devices < 2 || c.Devices > MaxConns {
+		bad("devices must be 2 to %d", MaxConns)
+	}
+	if c.Scenario == "storm" && (c.Size > c.Devices || c.ConvsPer < 1 || c.ConvsPer > maxSnapshotConvs || c.Msgs < 0 || c.Msgs > 1000) {
+		bad("storm: size at most devices, convs 1 to %d, msgs 0 to 1000", maxSnapshotConvs)
+	}
+	if c.MetricsURL != "" {
+		if u, err := url.Parse(c.MetricsURL); err != nil || u.Host == "" {
+			bad("metrics URL %q: want http://host:port", c.MetricsURL)
+		} else if !isLoopback(u.Hostname()) && !c.AllowRemote {
+			bad("refusing a non-loopback metrics URL without -allow-remote")
+		}
 	}
 	if c.BodySize < 8 || c.BodySize > MaxBodySize {
 		bad("body size must be 8 to %d (the first 8 bytes carry the send time)", MaxBodySize)
@@ -200,7 +294,14 @@ func NewPrefix() string {
 // scenarios maps a name to its driver.
 var scenarios = map[string]func(context.Context, *runner) error{
 	"direct": runDirect,
+	"group":  runGroup,
+	"large":  runLarge,
+	"idle":   runIdle,
+	"storm":  runStorm,
 }
+
+// sendScenarios are the scenarios that pace sends (and need -rate).
+var sendScenarios = map[string]bool{"direct": true, "group": true, "large": true}
 
 // Scenarios lists the scenario names.
 func Scenarios() []string {
@@ -259,6 +360,12 @@ type runner struct {
 
 	mu    sync.Mutex // guards conns
 	conns []*Conn
+
+	series   []series                             // the latency metrics of the timeline and the charts (default send_ok, push)
+	line     func(TimelinePoint) string           // the live line (nil: the send scenarios' line)
+	rss      func(context.Context) (int64, error) // idle: the server's RSS, sampled into the timeline
+	tmu      sync.Mutex                           // guards timeline
+	timeline []TimelinePoint
 
 	wg     sync.WaitGroup     // every goroutine the runner starts
 	stop   chan struct{}      // closed by close: writers and the live line end

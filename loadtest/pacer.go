@@ -2,7 +2,6 @@ package loadtest
 
 import (
 	"context"
-	"fmt"
 	"time"
 )
 
@@ -15,9 +14,10 @@ func (r *runner) load(ctx context.Context, fire func(k, intended int64)) {
 	cpu0 := r.sampleCPU()
 	self0 := selfCPU()
 	mach0, machErr := machineCPU()
-	liveDone := make(chan struct{})
-	liveStopped := make(chan struct{})
-	r.goroutine(func() { r.live(liveDone, liveStopped) })
+	if r.series == nil {
+		r.series = []series{{"send_ok", r.sendOK}, {"push", r.push}}
+	}
+	_, stopSampler := r.startSampler(time.Second)
 
 	ackDone := make(chan struct{})
 	if r.cfg.AckDelay > 0 {
@@ -36,8 +36,7 @@ func (r *runner) load(ctx context.Context, fire func(k, intended int64)) {
 	cpu1 := r.sampleCPU()
 	self1 := selfCPU()
 	mach1, _ := machineCPU()
-	close(liveDone)
-	<-liveStopped
+	stopSampler()
 	r.verifyLost(ctx)
 	cpu := cpuDelta(cpu0, cpu1)
 	if machErr == nil {
@@ -104,6 +103,10 @@ func (r *runner) syncer(ctx context.Context) {
 	}
 }
 
+// keepalive is how often every connection pings during a load (the
+// server's idle_timeout defaults to 90 s).
+const keepalive = 30 * time.Second
+
 // ackLoop acks, every AckDelay, each device's cursor in each of its
 // conversations that moved, as client.Client does with AutoAck.
 func (r *runner) ackLoop(done <-chan struct{}) {
@@ -112,11 +115,20 @@ func (r *runner) ackLoop(done <-chan struct{}) {
 	r.mu.Lock()
 	conns := r.conns
 	r.mu.Unlock()
+	lastPing := time.Now()
 	for {
 		select {
 		case <-done:
 			return
 		case <-t.C:
+		}
+		if time.Since(lastPing) >= keepalive {
+			// Devices that only receive (and never ack, with -ack 0) must
+			// not reach the server's idle_timeout in a long run.
+			lastPing = time.Now()
+			for _, c := range conns {
+				c.ping()
+			}
 		}
 		for _, c := range conns {
 			for conv, ref := range c.routes {
@@ -127,39 +139,6 @@ func (r *runner) ackLoop(done <-chan struct{}) {
 					c.ack(conv, seq)
 				}
 			}
-		}
-	}
-}
-
-// live prints one progress line a second until done is closed.
-func (r *runner) live(done <-chan struct{}, stopped chan<- struct{}) {
-	defer close(stopped)
-	if r.cfg.Live == LiveOff {
-		<-done
-		return
-	}
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	start := r.clk.now()
-	var lastSent, lastConf, lastDeliv int64
-	for {
-		select {
-		case <-done:
-			if r.cfg.Live == LiveTTY {
-				fmt.Fprintln(r.cfg.Out)
-			}
-			return
-		case <-t.C:
-		}
-		sent, conf, deliv := r.sent.Load(), r.tracker.confirmed.Load(), r.tracker.delivered.Load()
-		ok, push := Summarize(r.sendOK.Interval()), Summarize(r.push.Interval())
-		line := fmt.Sprintf("%4.0fs  sent %6d/s  confirmed %6d/s  delivered %6d/s  send_ok p99 %7.2fms  push p99 %7.2fms  inflight %6d  errors %d",
-			float64(r.clk.now()-start)/1e9, sent-lastSent, conf-lastConf, deliv-lastDeliv, ok.P99, push.P99, r.inflight.Load(), r.errs.Total())
-		lastSent, lastConf, lastDeliv = sent, conf, deliv
-		if r.cfg.Live == LiveTTY {
-			fmt.Fprint(r.cfg.Out, "\r"+line+"\x1b[K")
-		} else {
-			fmt.Fprintln(r.cfg.Out, line)
 		}
 	}
 }

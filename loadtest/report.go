@@ -7,6 +7,7 @@ import (
 	"io"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -20,6 +21,11 @@ type Report struct {
 	Addr        string     `json:"addr"`
 	Client      ClientMode `json:"client"`
 	Pairs       int        `json:"pairs,omitempty"`
+	Groups      int        `json:"groups,omitempty"`     // group: how many groups
+	GroupSize   int        `json:"group_size,omitempty"` // group, storm: members per conversation
+	Members     int        `json:"members,omitempty"`    // large: members of the group
+	Online      int        `json:"online,omitempty"`     // large: members connected
+	Senders     int        `json:"senders,omitempty"`    // large: members sending
 	Connections int        `json:"connections"`
 	BodySize    int        `json:"body_size"`
 	Sources     int        `json:"sources"`
@@ -62,10 +68,25 @@ type Report struct {
 	ScheduleLagMs Summary `json:"schedule_lag_ms"` // intended start → issued by the pacer
 	ConnectMs     Summary `json:"connect_ms"`      // dial + auth
 
-	ServerCPUUsPerSend *float64 `json:"server_cpu_us_per_send"` // null without -server-pid
-	ClientCPUUsPerSend *float64 `json:"client_cpu_us_per_send"`
-	CPU                []CPUUse `json:"cpu,omitempty"`
-	Notes              []string `json:"notes,omitempty"`
+	ServerCPUUsPerSend     *float64 `json:"server_cpu_us_per_send"` // null without -server-pid
+	ServerCPUUsPerDelivery *float64 `json:"server_cpu_us_per_delivery"`
+	ClientCPUUsPerSend     *float64 `json:"client_cpu_us_per_send"`
+	ClientCPUUsPerDelivery *float64 `json:"client_cpu_us_per_delivery"`
+	CPU                    []CPUUse `json:"cpu,omitempty"`
+
+	// Idle and Storm are the results of those scenarios.
+	Idle  *IdleReport  `json:"idle,omitempty"`
+	Storm *StormReport `json:"storm,omitempty"`
+
+	// Latency is every latency metric of the run (send_ok and push again,
+	// and the scenario's own: ping, reconnect, …); Timeline their
+	// percentiles interval by interval; Curves their distributions.
+	Latency     map[string]Summary      `json:"latency_ms,omitempty"`
+	SeriesNames []string                `json:"series,omitempty"`
+	Timeline    []TimelinePoint         `json:"timeline,omitempty"`
+	Curves      map[string][]CurvePoint `json:"curves,omitempty"`
+
+	Notes []string `json:"notes,omitempty"`
 }
 
 // CPUUse is one process tree's CPU over the measured window (send window
@@ -76,11 +97,25 @@ type CPUUse struct {
 	CPUSeconds float64  `json:"cpu_s"`
 	Cores      float64  `json:"cores"`                 // CPU seconds per wall second
 	UsPerSend  *float64 `json:"us_per_send,omitempty"` // per confirmed send
+	UsPerDeliv *float64 `json:"us_per_delivery,omitempty"`
 }
 
 // Failed reports whether a confirmed message was lost or duplicated (the
 // exit status of parley-load).
-func (rep *Report) Failed() bool { return rep.Lost > 0 || rep.Duplicated > 0 }
+// For idle, a connection that failed or dropped fails the run; for
+// storm, any error but RATE_LIMITED (which is retried) and any snapshot
+// that did not carry what it should.
+func (rep *Report) Failed() bool {
+	switch {
+	case rep.Lost > 0 || rep.Duplicated > 0:
+		return true
+	case rep.Idle != nil:
+		return rep.Idle.Failed > 0 || rep.Idle.Dropped > 0
+	case rep.Storm != nil:
+		return rep.Storm.Failed > 0 || rep.Storm.SnapshotMismatch > 0
+	}
+	return false
+}
 
 // WriteJSON writes the report as indented JSON.
 func (rep *Report) WriteJSON(w io.Writer) error {
@@ -91,8 +126,23 @@ func (rep *Report) WriteJSON(w io.Writer) error {
 
 // WriteTable writes the human summary.
 func (rep *Report) WriteTable(w io.Writer) {
+	switch {
+	case rep.Idle != nil:
+		rep.writeIdleTable(w)
+		return
+	case rep.Storm != nil:
+		rep.writeStormTable(w)
+		return
+	}
 	fmt.Fprintf(w, "%s: %.1fs at %.0f/s target, %d connections, body %d B, client %s, run %s\n",
 		rep.Scenario, rep.DurationS, rep.TargetRate, rep.Connections, rep.BodySize, rep.Client, rep.RunPrefix)
+	switch rep.Scenario {
+	case "group":
+		fmt.Fprintf(w, "%d groups × %d members (one device each)\n", rep.Groups, rep.GroupSize)
+	case "large":
+		fmt.Fprintf(w, "one group of %d members, %d online, %d sending: each send is owed %d pushes\n",
+			rep.Members, rep.Online, rep.Senders, rep.Online-1)
+	}
 	fmt.Fprintf(w, "sent %d (%.0f/s)  confirmed %d (%.0f/s)  delivered %d (%.0f/s)  lost %d  duplicated %d\n",
 		rep.Sent, rep.SendsPerS, rep.Confirmed, rep.ConfirmedPerS, rep.Delivered, rep.DeliveriesPerS, rep.Lost, rep.Duplicated)
 	if rep.Lost > 0 {
@@ -107,26 +157,45 @@ func (rep *Report) WriteTable(w io.Writer) {
 	}
 	fmt.Fprintf(w, "errors: %s   acks %d  hints %d (synced %d pages, %d deliveries)  kicks %d  disconnects %d  unconfirmed deliveries %d\n",
 		strings.Join(errs, " "), rep.Acks, rep.Hints, rep.Syncs, rep.Synced, rep.Kicks, rep.Disconnects, rep.DeliveredUnconfirmed)
+	rep.writeCPU(w)
+	writeLatency(w, []latRow{{"send_ok_ms", rep.SendOKMs}, {"push_ms", rep.PushMs}, {"schedule_lag_ms", rep.ScheduleLagMs}, {"connect_ms", rep.ConnectMs}}...)
+	rep.writeNotes(w)
+}
+
+func (rep *Report) writeNotes(w io.Writer) {
+	for _, n := range rep.Notes {
+		fmt.Fprintln(w, "note:", n)
+	}
+}
+
+func (rep *Report) writeCPU(w io.Writer) {
 	for _, c := range rep.CPU {
-		per := "-"
+		per := ""
 		if c.UsPerSend != nil {
-			per = fmt.Sprintf("%.1f µs/send", *c.UsPerSend)
+			per = fmt.Sprintf("  %.1f µs/send", *c.UsPerSend)
+		}
+		if c.UsPerDeliv != nil {
+			per += fmt.Sprintf("  %.2f µs/delivery", *c.UsPerDeliv)
 		}
 		pid := ""
 		if c.PID > 0 {
 			pid = fmt.Sprintf(" (pid %d)", c.PID)
 		}
-		fmt.Fprintf(w, "cpu %-10s %6.2f cores  %s%s\n", c.Name, c.Cores, per, pid)
+		fmt.Fprintf(w, "cpu %-10s %6.2f cores  %6.2f s%s%s\n", c.Name, c.Cores, c.CPUSeconds, per, pid)
 	}
+}
+
+// latRow is one row of a percentile table.
+type latRow struct {
+	name string
+	s    Summary
+}
+
+// writeLatency writes a percentile table of the named summaries.
+func writeLatency(w io.Writer, rows ...latRow) {
 	fmt.Fprintf(w, "%-16s %9s %9s %9s %9s %9s %10s\n", "ms", "p50", "p90", "p99", "p99.9", "max", "count")
-	for _, row := range []struct {
-		name string
-		s    Summary
-	}{{"send_ok_ms", rep.SendOKMs}, {"push_ms", rep.PushMs}, {"schedule_lag_ms", rep.ScheduleLagMs}, {"connect_ms", rep.ConnectMs}} {
+	for _, row := range rows {
 		fmt.Fprintf(w, "%-16s %9.2f %9.2f %9.2f %9.2f %9.2f %10d\n", row.name, row.s.P50, row.s.P90, row.s.P99, row.s.P999, row.s.Max, row.s.Count)
-	}
-	for _, n := range rep.Notes {
-		fmt.Fprintln(w, "note:", n)
 	}
 }
 
@@ -193,15 +262,34 @@ func (r *runner) finish(start, end, drainEnd int64, cpu map[string]time.Duration
 	rep.ScheduleLagMs = Summarize(r.lag.Total())
 	rep.ConnectMs = Summarize(r.connect.Total())
 
-	wall := float64(drainEnd-start) / 1e9
+	r.cpuReport(float64(drainEnd-start)/1e9, cpu, self, rep.Confirmed, rep.Delivered)
+	if lag := rep.ScheduleLagMs; lag.P99 > 5 {
+		r.note("the pacer fell behind its schedule (lag p99 %.1f ms, max %.1f ms): every latency includes that delay", lag.P99, lag.Max)
+	}
+	if rep.Hints > 0 {
+		r.note("the server sent %d hints (it dropped pushes for a device that fell behind, or its redelivery scan saw pushes unacked for redelivery_delay); the tool synced as a client would: %d deliveries came by sync", rep.Hints, rep.Synced)
+	}
+	r.curves()
+	rep.Notes = r.notes
+}
+
+// cpuReport fills the report's CPU figures: each watched process tree's
+// and the tool's CPU over wall seconds, per send and per delivery (when
+// those are not 0), and the machine's remainder.
+func (r *runner) cpuReport(wall float64, cpu map[string]time.Duration, self time.Duration, sends, deliveries int64) {
+	rep := r.report
 	use := func(name string, pid int, d time.Duration) CPUUse {
 		u := CPUUse{Name: name, PID: pid, CPUSeconds: round3(d.Seconds())}
 		if wall > 0 {
 			u.Cores = round3(d.Seconds() / wall)
 		}
-		if rep.Confirmed > 0 {
-			v := round3(float64(d.Microseconds()) / float64(rep.Confirmed))
+		if sends > 0 {
+			v := round3(float64(d.Nanoseconds()) / 1e3 / float64(sends))
 			u.UsPerSend = &v
+		}
+		if deliveries > 0 {
+			v := round3(float64(d.Nanoseconds()) / 1e3 / float64(deliveries))
+			u.UsPerDeliv = &v
 		}
 		return u
 	}
@@ -216,6 +304,7 @@ func (r *runner) finish(start, end, drainEnd int64, cpu map[string]time.Duration
 		known += cpu[name]
 		if name == "server" {
 			rep.ServerCPUUsPerSend = u.UsPerSend
+			rep.ServerCPUUsPerDelivery = u.UsPerDeliv
 		}
 	}
 	for name, pid := range watched {
@@ -227,6 +316,7 @@ func (r *runner) finish(start, end, drainEnd int64, cpu map[string]time.Duration
 		u := use("load-tool", 0, self)
 		rep.CPU = append(rep.CPU, u)
 		rep.ClientCPUUsPerSend = u.UsPerSend
+		rep.ClientCPUUsPerDelivery = u.UsPerDeliv
 		if u.Cores > 0.85 {
 			r.note("the load tool used %.0f%% of a core: it may be the bottleneck", 100*u.Cores)
 		}
@@ -244,13 +334,6 @@ func (r *runner) finish(start, end, drainEnd int64, cpu map[string]time.Duration
 			}
 		}
 	}
-	if lag := rep.ScheduleLagMs; lag.P99 > 5 {
-		r.note("the pacer fell behind its schedule (lag p99 %.1f ms, max %.1f ms): every latency includes that delay", lag.P99, lag.Max)
-	}
-	if rep.Hints > 0 {
-		r.note("the server sent %d hints (it dropped pushes for a device that fell behind, or its redelivery scan saw pushes unacked for redelivery_delay); the tool synced as a client would: %d deliveries came by sync", rep.Hints, rep.Synced)
-	}
-	rep.Notes = r.notes
 }
 
 // verifyLost syncs the conversations of (up to a few thousand) lost
@@ -314,3 +397,53 @@ func (r *runner) verifyLost(ctx context.Context) {
 		}
 	}
 }
+
+func (rep *Report) writeErrors(w io.Writer) {
+	var errs []string
+	for _, k := range slices.Sorted(maps.Keys(rep.Errors)) {
+		errs = append(errs, fmt.Sprintf("%s=%d", k, rep.Errors[k]))
+	}
+	if len(errs) == 0 {
+		errs = []string{"none"}
+	}
+	fmt.Fprintf(w, "errors: %s\n", strings.Join(errs, " "))
+}
+
+func (rep *Report) writeIdleTable(w io.Writer) {
+	ir := rep.Idle
+	fmt.Fprintf(w, "idle: %d of %d connections (connected in %.1fs), held %.1fs, ping every %gs, run %s\n",
+		ir.Connected, ir.Conns, ir.ConnectS, ir.HoldS, ir.PingIntervalS, rep.RunPrefix)
+	fmt.Fprintf(w, "server RSS: %.1f MiB before, %.1f MiB connected, %.1f MiB after the hold (%s)\n",
+		mib(ir.ServerRSSBefore), mib(ir.ServerRSSConnected), mib(ir.ServerRSSAfter), ir.RSSSource)
+	fmt.Fprintf(w, "server RSS per connection: %.0f bytes (%.2f KiB)\n", ir.RSSPerConnBytes, ir.RSSPerConnBytes/1024)
+	fmt.Fprintf(w, "tool RSS: %.1f MiB before, %.1f MiB after: %.0f bytes per connection\n",
+		mib(ir.ToolRSSBefore), mib(ir.ToolRSSAfter), ir.ToolRSSPerConnBytes)
+	gauge := "-"
+	if ir.ServerConnectionGauge != nil {
+		gauge = strconv.FormatInt(*ir.ServerConnectionGauge, 10)
+	}
+	fmt.Fprintf(w, "pings %d  dropped %d  failed %d  kicks %d  server gauge %s\n", ir.Pings, ir.Dropped, ir.Failed, ir.Kicks, gauge)
+	rep.writeErrors(w)
+	rep.writeCPU(w)
+	writeLatency(w, latRow{"connect_ms", rep.Latency["connect"]}, latRow{"ping_ms", rep.Latency["ping"]})
+	rep.writeNotes(w)
+}
+
+func (rep *Report) writeStormTable(w io.Writer) {
+	sr := rep.Storm
+	fmt.Fprintf(w, "storm: %d devices, %d conversations (%d per device, ~%d members, %d messages each), run %s\n",
+		sr.Devices, sr.Conversations, sr.ConvsPerDevice, sr.GroupSize, sr.MsgsPerConv, rep.RunPrefix)
+	fmt.Fprintf(w, "setup: connected in %.1fs, sent %d messages in %.1fs (%d RATE_LIMITED answers retried)\n", sr.ConnectS, sr.Seeded, sr.SeedS, sr.SeedLimited)
+	fmt.Fprintf(w, "reconnect + snapshot of all at once: %d finished, %d failed, wall %.0f ms\n", sr.Finished, sr.Failed, sr.WallMs)
+	fmt.Fprintf(w, "rate-limited %d (retried %d)  snapshot items %d, events %d, item errors %d, mismatches %d\n",
+		sr.RateLimited, sr.Retries, sr.SnapshotItems, sr.SnapshotEvents, sr.SnapshotItemErrors, sr.SnapshotMismatch)
+	rep.writeErrors(w)
+	rep.writeCPU(w)
+	if sr.ServerCPUUsPerDevice != nil {
+		fmt.Fprintf(w, "server CPU per reconnected device: %.0f µs\n", *sr.ServerCPUUsPerDevice)
+	}
+	writeLatency(w, latRow{"reconnect_ms", sr.ReconnectMs}, latRow{"auth_ms", sr.AuthMs}, latRow{"snapshot_ms", sr.SnapshotMs}, latRow{"connect_ms", rep.ConnectMs})
+	rep.writeNotes(w)
+}
+
+func mib(b int64) float64 { return float64(b) / (1 << 20) }

@@ -154,3 +154,48 @@ func machineCPU() (time.Duration, error) {
 	}
 	return time.Duration(busy) * time.Second / clockTicks, nil
 }
+
+// procRSS is the resident set size of pid in bytes (/proc/PID/status
+// VmRSS); pid 0 means this process.
+func procRSS(pid int) (int64, error) {
+	name := "/proc/self/status"
+	if pid > 0 {
+		name = "/proc/" + strconv.Itoa(pid) + "/status"
+	}
+	b, err := os.ReadFile(name)
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			f := strings.Fields(v)
+			if len(f) != 2 || f[1] != "kB" {
+				break
+			}
+			kb, err := strconv.ParseInt(f[0], 10, 64)
+			if err != nil {
+				break
+			}
+			return kb << 10, nil
+		}
+	}
+	return 0, fmt.Errorf("%s: no VmRSS", name)
+}
+
+// ipBindAddressNoPort is IP_BIND_ADDRESS_NO_PORT (Linux 4.2+).
+const ipBindAddressNoPort = 24
+
+// bindNoPort makes a dialer that binds a source address leave the choice
+// of the port to connect(), which picks it by the whole 4-tuple (and may
+// reuse a loopback TIME_WAIT port). Without it, bind() must find a port
+// free for every destination, and with many thousands in use or in
+// TIME_WAIT (a storm's reconnects) each bind scans for seconds.
+func bindNoPort(_, _ string, c syscall.RawConn) error {
+	var serr error
+	if err := c.Control(func(fd uintptr) {
+		serr = syscall.SetsockoptInt(int(fd), syscall.IPPROTO_IP, ipBindAddressNoPort, 1)
+	}); err != nil {
+		return err
+	}
+	return serr
+}

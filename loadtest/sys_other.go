@@ -4,6 +4,7 @@ package loadtest
 
 import (
 	"errors"
+	"syscall"
 	"time"
 )
 
@@ -15,3 +16,6 @@ func selfCPU() time.Duration                         { return 0 }
 func openFileLimit() (int64, error)                  { return 1 << 20, nil }
 func ephemeralPorts() int                            { return 28000 }
 func machineCPU() (time.Duration, error)             { return 0, errNoProc }
+func procRSS(pid int) (int64, error)                 { return 0, errNoProc }
+
+var bindNoPort func(network, address string, c syscall.RawConn) error

@@ -63,18 +63,23 @@ type Tracker struct {
 }
 
 // convTrack is one conversation's confirmed seqs and, per member device,
-// the seqs it sent and the seqs pushed to it.
+// the seqs it sent and the seqs pushed to it. Each member has its own
+// lock, so the pushes of a large group, arriving on many connections at
+// once, do not queue on one mutex.
 type convTrack struct {
 	id      string
-	mu      sync.Mutex // guards everything below
-	sent    bitset     // seqs confirmed to any tracked device
-	members []*memberTrack
+	members []*memberTrack // static after setup
+	index   map[string]int // device → its index in members
+
+	mu   sync.Mutex // guards sent
+	sent bitset     // seqs confirmed to any tracked device
 }
 
 // memberTrack is one device in one conversation.
 type memberTrack struct {
 	device string
-	own    bitset // seqs this device sent (confirmed); it gets send_ok, not a push
+	mu     sync.Mutex // guards everything below
+	own    bitset     // seqs this device sent (confirmed); it gets send_ok, not a push
 	pushed bitset
 	synced bitset // seqs received by a sync after a hint
 	cursor int64  // the device holds every seq up to here (pushed, synced, its own, or before the run)
@@ -91,10 +96,14 @@ func NewTracker() *Tracker { return &Tracker{convs: map[string]*convTrack{}} }
 func (t *Tracker) Track(conv string, head int64, devices ...string) *convTrack {
 	c := t.convs[conv]
 	if c == nil {
-		c = &convTrack{id: conv}
+		c = &convTrack{id: conv, index: map[string]int{}}
 		t.convs[conv] = c
 	}
 	for _, d := range devices {
+		if _, ok := c.index[d]; ok {
+			continue
+		}
+		c.index[d] = len(c.members)
 		c.members = append(c.members, &memberTrack{device: d, cursor: head, acked: head})
 	}
 	return c
@@ -103,9 +112,9 @@ func (t *Tracker) Track(conv string, head int64, devices ...string) *convTrack {
 // ackable moves member i's cursor over the seqs it now holds and returns
 // it if it moved past the last ack (then it counts as acked).
 func (c *convTrack) ackable(i int) (int64, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	m := c.members[i]
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	m.advance()
 	if m.cursor <= m.acked {
 		return 0, false
@@ -119,10 +128,8 @@ func (t *Tracker) Conv(id string) *convTrack { return t.convs[id] }
 
 // member returns the index of device in c, or -1.
 func (c *convTrack) member(device string) int {
-	for i, m := range c.members {
-		if m.device == device {
-			return i
-		}
+	if i, ok := c.index[device]; ok {
+		return i
 	}
 	return -1
 }
@@ -133,9 +140,12 @@ func (t *Tracker) Confirmed(c *convTrack, i int, seq int64, dup bool) {
 		t.dupReplies.Add(1)
 		return
 	}
+	m := c.members[i]
+	m.mu.Lock()
+	m.own.set(seq)
+	m.mu.Unlock()
 	c.mu.Lock()
 	was := c.sent.set(seq)
-	c.members[i].own.set(seq)
 	c.mu.Unlock()
 	if !was {
 		t.confirmed.Add(1)
@@ -146,12 +156,12 @@ func (t *Tracker) Confirmed(c *convTrack, i int, seq int64, dup bool) {
 // Pushed records a push of a msg event at seq to member i. It reports
 // whether the push was new (neither a duplicate nor the device's own send).
 func (t *Tracker) Pushed(c *convTrack, i int, seq int64) bool {
-	c.mu.Lock()
 	m := c.members[i]
+	m.mu.Lock()
 	own := m.own.has(seq)
 	synced := m.synced.has(seq)
 	was := m.pushed.set(seq)
-	c.mu.Unlock()
+	m.mu.Unlock()
 	switch {
 	case was:
 		t.duplicated.Add(1)
@@ -172,10 +182,10 @@ func (t *Tracker) Synced(c *convTrack, i int, seq int64, fromSelf bool) {
 	if fromSelf {
 		return
 	}
-	c.mu.Lock()
 	m := c.members[i]
+	m.mu.Lock()
 	fresh := !m.pushed.has(seq) && !m.synced.set(seq)
-	c.mu.Unlock()
+	m.mu.Unlock()
 	if fresh {
 		t.delivered.Add(1)
 		t.synced.Add(1)
@@ -184,15 +194,15 @@ func (t *Tracker) Synced(c *convTrack, i int, seq int64, fromSelf bool) {
 
 // cursorOf is member i's contiguous cursor.
 func (c *convTrack) cursorOf(i int) int64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	m := c.members[i]
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	m.advance()
 	return m.cursor
 }
 
-// advance moves the cursor over the seqs the device holds. Its
-// conversation's mu must be held.
+// advance moves the cursor over the seqs the device holds. m.mu must be
+// held.
 func (m *memberTrack) advance() {
 	for m.pushed.has(m.cursor+1) || m.own.has(m.cursor+1) || m.synced.has(m.cursor+1) {
 		m.cursor++
@@ -220,6 +230,7 @@ func (t *Tracker) Check(limit int) (lost []Lost, nLost, nUnconfirmed int64) {
 	for _, c := range t.convs {
 		c.mu.Lock()
 		for _, m := range c.members {
+			m.mu.Lock()
 			c.sent.eachNotIn(func(seq int64) {
 				nLost++
 				if len(lost) < limit {
@@ -228,6 +239,7 @@ func (t *Tracker) Check(limit int) (lost []Lost, nLost, nUnconfirmed int64) {
 			}, m.own, m.pushed, m.synced)
 			m.pushed.eachNotIn(func(int64) { nUnconfirmed++ }, c.sent)
 			m.synced.eachNotIn(func(int64) { nUnconfirmed++ }, c.sent, m.pushed)
+			m.mu.Unlock()
 		}
 		c.mu.Unlock()
 	}

@@ -5,9 +5,10 @@
 //
 //	parley-load SCENARIO -addr HOST:PORT -admin URL -token T -rate N -duration D [-json FILE] [scenario flags]
 //
-// Scenarios: direct. Exit status: 0 when every confirmed message was
-// pushed exactly once, 1 when one was lost or duplicated, 2 for a usage
-// error, 3 when the run could not be made.
+// Scenarios: direct, group, large, idle, storm. Exit status: 0 when every
+// confirmed message was pushed exactly once (idle: every connection held;
+// storm: every device reconnected and got its snapshot), 1 when not, 2
+// for a usage error, 3 when the run could not be made.
 package main
 
 import (
@@ -15,6 +16,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"strconv"
@@ -43,10 +45,11 @@ func run(args []string) int {
 	fs.StringVar(&cfg.Addr, "addr", "127.0.0.1:7070", "gateway `host:port`")
 	fs.StringVar(&cfg.AdminURL, "admin", "http://127.0.0.1:8081", "admin API `URL`")
 	fs.StringVar(&cfg.AdminToken, "token", "", "admin `token` (default: $PARLEY_ADMIN_TOKEN)")
-	fs.Float64Var(&cfg.Rate, "rate", 0, "target sends per second, `N`, aggregate over all senders (required)")
-	fs.DurationVar(&cfg.Duration, "duration", 10*time.Second, "send window (at most 10m)")
+	fs.Float64Var(&cfg.Rate, "rate", 0, "target sends per second, `N`, aggregate over all senders (required by direct, group, large)")
+	fs.DurationVar(&cfg.Duration, "duration", 10*time.Second, "send window; idle: how long to hold the connections (at most 10m)")
 	fs.DurationVar(&cfg.Drain, "drain", 3*time.Second, "after the window, wait this long at most for replies and pushes")
 	jsonFile := fs.String("json", "", "write the report as JSON to `FILE`")
+	htmlFile := fs.String("html", "", "write the report as a self-contained HTML page with charts to `FILE`")
 	fs.IntVar(&cfg.Sources, "sources", 1, "dial from 127.0.0.1 … 127.0.0.`N` (each source address has ~28k ports)")
 	fs.BoolVar(&cfg.AllowRemote, "allow-remote", false, "allow a server that is not on loopback")
 	fs.IntVar(&cfg.ServerPID, "server-pid", 0, "report this process's CPU per send (/proc/`PID`/stat)")
@@ -59,6 +62,21 @@ func run(args []string) int {
 	// Scenario direct.
 	fs.IntVar(&cfg.Pairs, "pairs", 100, "direct: pairs of users (one device each, both send)")
 	fs.IntVar(&cfg.BodySize, "body-size", 100, "message body `bytes` (the first 8 carry the send time)")
+	// Scenario group (and storm's -size).
+	fs.IntVar(&cfg.Groups, "groups", 50, "group: how many groups")
+	fs.IntVar(&cfg.Size, "size", 0, "group: members per group (default 20); storm: members per conversation (default 5)")
+	// Scenario large.
+	fs.IntVar(&cfg.Members, "members", 10000, "large: members of the group")
+	fs.IntVar(&cfg.Online, "online", 0, "large: members connected (default min(2000, members))")
+	fs.IntVar(&cfg.Senders, "senders", 0, "large: online members that send (default min(10, online))")
+	// Scenario idle.
+	fs.IntVar(&cfg.Conns, "conns", 1000, "idle: connections to hold")
+	fs.DurationVar(&cfg.PingInterval, "ping", 30*time.Second, "idle: each connection pings this often")
+	fs.StringVar(&cfg.MetricsURL, "metrics", "", "idle: the server's metrics listener `URL` (http://host:port), for its RSS when -server-pid is not given")
+	// Scenario storm.
+	fs.IntVar(&cfg.Devices, "devices", 2000, "storm: devices that drop and reconnect at once")
+	fs.IntVar(&cfg.ConvsPer, "convs", 3, "storm: conversations per device")
+	fs.IntVar(&cfg.Msgs, "msgs", 5, "storm: messages per conversation, sent before the storm")
 	if err := fs.Parse(args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -130,10 +148,16 @@ func run(args []string) int {
 		return 3
 	}
 	rep.WriteTable(os.Stdout)
-	if *jsonFile != "" {
-		f, err := os.Create(*jsonFile)
+	for _, out := range []struct {
+		file  string
+		write func(io.Writer) error
+	}{{*jsonFile, rep.WriteJSON}, {*htmlFile, rep.WriteHTML}} {
+		if out.file == "" {
+			continue
+		}
+		f, err := os.Create(out.file)
 		if err == nil {
-			err = rep.WriteJSON(f)
+			err = out.write(f)
 			if cerr := f.Close(); err == nil {
 				err = cerr
 			}
@@ -144,7 +168,14 @@ func run(args []string) int {
 		}
 	}
 	if rep.Failed() {
-		fmt.Fprintf(os.Stderr, "parley-load: FAILED: %d confirmed deliveries lost, %d duplicated\n", rep.Lost, rep.Duplicated)
+		switch {
+		case rep.Idle != nil:
+			fmt.Fprintf(os.Stderr, "parley-load: FAILED: %d connections not made, %d dropped\n", rep.Idle.Failed, rep.Idle.Dropped)
+		case rep.Storm != nil:
+			fmt.Fprintf(os.Stderr, "parley-load: FAILED: %d devices did not reconnect and resync, %d snapshot items wrong\n", rep.Storm.Failed, rep.Storm.SnapshotMismatch)
+		default:
+			fmt.Fprintf(os.Stderr, "parley-load: FAILED: %d confirmed deliveries lost, %d duplicated\n", rep.Lost, rep.Duplicated)
+		}
 		return 1
 	}
 	return 0

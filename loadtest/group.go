@@ -1,0 +1,131 @@
+package loadtest
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+)
+
+// provisionUsers creates n users (prefix + "u" + i) and, for the first
+// withDevice of them, one device each (prefix + "d" + i), and returns the
+// user ids and the devices with their tokens.
+func (r *runner) provisionUsers(ctx context.Context, n, withDevice int) ([]string, []Device, error) {
+	users := make([]string, n)
+	for i := range users {
+		users[i] = r.cfg.Prefix + "u" + strconv.Itoa(i)
+	}
+	devs := make([]Device, withDevice)
+	for i := range devs {
+		devs[i] = Device{ID: r.cfg.Prefix + "d" + strconv.Itoa(i), User: users[i]}
+	}
+	if err := r.admin.Users(ctx, users); err != nil {
+		return nil, nil, fmt.Errorf("provisioning users: %w", err)
+	}
+	if withDevice == 0 {
+		return users, nil, nil
+	}
+	devs, err := r.admin.Devices(ctx, devs)
+	if err != nil {
+		return nil, nil, fmt.Errorf("provisioning devices: %w", err)
+	}
+	return users, devs, nil
+}
+
+// deviceIDs lists the ids of devs.
+func deviceIDs(devs []Device) []string {
+	ids := make([]string, len(devs))
+	for i, d := range devs {
+		ids[i] = d.ID
+	}
+	return ids
+}
+
+// runGroup is scenario group: Groups groups of Size members (push-tier
+// groups when Size < write_fanout_max), each member one device, every
+// device connected. Send k goes out from member (k / Groups) mod Size of
+// group k mod Groups, so consecutive sends go to different groups and
+// every device sends at Rate / (Groups · Size). Each confirmed send is
+// owed one push to every other member device of its group.
+func runGroup(ctx context.Context, r *runner) error {
+	if err := r.checkFDs(); err != nil {
+		return err
+	}
+	g, s := r.cfg.Groups, r.cfg.Size
+	n := g * s
+	t0 := time.Now()
+	users, devs, err := r.provisionUsers(ctx, n, n)
+	if err != nil {
+		return err
+	}
+	specs := make([]ConvSpec, g)
+	for i := range specs {
+		specs[i] = ConvSpec{ID: r.cfg.Prefix + "g" + strconv.Itoa(i), Kind: "group", Members: users[i*s : (i+1)*s]}
+	}
+	convs, err := r.admin.Conversations(ctx, specs)
+	if err != nil {
+		return fmt.Errorf("provisioning conversations: %w", err)
+	}
+	tracks := make([]*convTrack, g)
+	for i, c := range convs {
+		tracks[i] = r.tracker.Track(c.ID, c.Head, deviceIDs(devs[i*s:(i+1)*s])...)
+	}
+	fmt.Fprintf(r.cfg.Out, "provisioned %d users, %d devices, %d groups of %d in %s (prefix %s)\n",
+		n, n, g, s, time.Since(t0).Round(time.Millisecond), r.cfg.Prefix)
+
+	t0 = time.Now()
+	conns, err := r.connectAll(ctx, devs, func(i int) []*convTrack { return tracks[i/s : i/s+1] })
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(r.cfg.Out, "connected %d devices in %s\n", n, time.Since(t0).Round(time.Millisecond))
+	r.report.Groups, r.report.GroupSize, r.report.Connections = g, s, n
+
+	r.load(ctx, func(k, intended int64) {
+		grp := int(k % int64(g))
+		m := int((k / int64(g)) % int64(s))
+		conns[grp*s+m].send(tracks[grp].id, k, intended)
+	})
+	return nil
+}
+
+// runLarge is scenario large: one group of Members members (provisioned
+// with one bulk conversation call), of which the first Online have a
+// device and are connected; Senders of those send, send k from sender
+// k mod Senders (spread evenly over the online members). Each confirmed
+// send is owed Online − 1 pushes: deliveries/s is the headline.
+func runLarge(ctx context.Context, r *runner) error {
+	if err := r.checkFDs(); err != nil {
+		return err
+	}
+	n, m, k := r.cfg.Members, r.cfg.Online, r.cfg.Senders
+	t0 := time.Now()
+	users, devs, err := r.provisionUsers(ctx, n, m)
+	if err != nil {
+		return err
+	}
+	convs, err := r.admin.Conversations(ctx, []ConvSpec{{ID: r.cfg.Prefix + "large", Kind: "group", Members: users}})
+	if err != nil {
+		return fmt.Errorf("provisioning the group: %w", err)
+	}
+	tr := r.tracker.Track(convs[0].ID, convs[0].Head, deviceIDs(devs)...)
+	fmt.Fprintf(r.cfg.Out, "provisioned %d users, %d devices, one group of %d in %s (prefix %s)\n",
+		n, m, n, time.Since(t0).Round(time.Millisecond), r.cfg.Prefix)
+
+	t0 = time.Now()
+	conns, err := r.connectAll(ctx, devs, func(int) []*convTrack { return []*convTrack{tr} })
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(r.cfg.Out, "connected %d devices in %s\n", m, time.Since(t0).Round(time.Millisecond))
+	r.report.Members, r.report.Online, r.report.Senders, r.report.Connections = n, m, k, m
+
+	senders := make([]*Conn, k)
+	for i := range senders {
+		senders[i] = conns[i*m/k]
+	}
+	r.load(ctx, func(j, intended int64) {
+		senders[j%int64(k)].send(tr.id, j, intended)
+	})
+	return nil
+}

@@ -1,0 +1,242 @@
+package loadtest
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/parley-im/parley/internal/parleytest"
+)
+
+// runScenario runs cfg against env and logs the table.
+func runScenario(t *testing.T, env *parleytest.Env, cfg Config) *Report {
+	t.Helper()
+	var out bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cfg.Addr, cfg.AdminURL, cfg.AdminToken = env.Addr, env.AdminURL, parleytest.AdminToken
+	cfg.Out, cfg.Live = &out, LiveLines
+	rep, err := Run(ctx, cfg)
+	if err != nil {
+		t.Fatalf("run: %v\n%s", err, out.String())
+	}
+	var table bytes.Buffer
+	rep.WriteTable(&table)
+	t.Logf("\n%s%s", out.String(), table.String())
+	checkHTML(t, rep)
+	return rep
+}
+
+// checkSends checks a send scenario's exact delivery figures: every send
+// confirmed, every confirmed send delivered to every other online member
+// device exactly once, the histograms and the timeline filled.
+func checkSends(t *testing.T, rep *Report, owed int64) {
+	t.Helper()
+	if rep.Confirmed == 0 || rep.Confirmed != rep.Sent || len(rep.Errors) != 0 {
+		t.Errorf("sent %d confirmed %d errors %v", rep.Sent, rep.Confirmed, rep.Errors)
+	}
+	if rep.Lost != 0 || rep.Duplicated != 0 || rep.Failed() || rep.UnexpectedPushes != 0 {
+		t.Errorf("lost %d duplicated %d unexpected %d (sample %v)", rep.Lost, rep.Duplicated, rep.UnexpectedPushes, rep.LostSample)
+	}
+	if rep.Expected != rep.Confirmed*owed || rep.Delivered != rep.Expected {
+		t.Errorf("expected %d delivered %d, want %d × %d", rep.Expected, rep.Delivered, rep.Confirmed, owed)
+	}
+	if rep.SendOKMs.Count != rep.Confirmed || rep.PushMs.Count+rep.Synced != rep.Delivered {
+		t.Errorf("histogram counts %d/%d, want %d/%d", rep.SendOKMs.Count, rep.PushMs.Count, rep.Confirmed, rep.Delivered)
+	}
+	if rep.DeliveriesPerS <= 0 || rep.PushMs.P99 <= 0 {
+		t.Errorf("deliveries/s %v push p99 %v", rep.DeliveriesPerS, rep.PushMs.P99)
+	}
+	if len(rep.Timeline) < 2 || len(rep.Curves["push"]) < 10 || len(rep.Curves["send_ok"]) < 10 {
+		t.Errorf("timeline %d points, curves %d/%d", len(rep.Timeline), len(rep.Curves["push"]), len(rep.Curves["send_ok"]))
+	}
+	var js bytes.Buffer
+	if err := rep.WriteJSON(&js); err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(js.Bytes(), &m); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"deliveries_per_s", "push_ms", "send_ok_ms", "server_cpu_us_per_delivery", "timeline", "curves"} {
+		if _, ok := m[k]; !ok {
+			t.Errorf("JSON report lacks %q", k)
+		}
+	}
+}
+
+// checkHTML renders the page and checks that it is self-contained and
+// has its charts.
+func checkHTML(t *testing.T, rep *Report) {
+	t.Helper()
+	var b bytes.Buffer
+	if err := rep.WriteHTML(&b); err != nil {
+		t.Fatal(err)
+	}
+	page := b.String()
+	for _, want := range []string{"<svg", "Latency over time", "Latency distribution", "<table", "</html>"} {
+		if !strings.Contains(page, want) {
+			t.Errorf("HTML report lacks %q", want)
+		}
+	}
+	for _, bad := range []string{"<script", "src=", "href=", "@import", "url("} {
+		if strings.Contains(page, bad) {
+			t.Errorf("HTML report is not self-contained: it has %q", bad)
+		}
+	}
+	if strings.Count(page, "<path") < 2 || strings.Contains(page, "NaN") {
+		t.Errorf("HTML report: %d lines drawn, NaN %v", strings.Count(page, "<path"), strings.Contains(page, "NaN"))
+	}
+	if dir := os.Getenv("PARLEY_LOADTEST_HTML"); dir != "" {
+		_ = os.WriteFile(filepath.Join(dir, rep.Scenario+".html"), b.Bytes(), 0o644)
+	}
+}
+
+// TestGroup runs scenario group: 10 groups of 6, every send owed 5
+// pushes.
+func TestGroup(t *testing.T) {
+	cfg := parleytest.Config(t)
+	cfg.SendRate = 0
+	env := parleytest.Start(t, cfg)
+	rep := runScenario(t, env, Config{Scenario: "group", Rate: 400, Duration: 2 * time.Second, Groups: 10, Size: 6})
+	checkSends(t, rep, 5)
+	if rep.Groups != 10 || rep.GroupSize != 6 || rep.Connections != 60 {
+		t.Errorf("groups %d size %d connections %d", rep.Groups, rep.GroupSize, rep.Connections)
+	}
+}
+
+// TestLarge runs scenario large: one group of 600 members provisioned in
+// one bulk call, 120 online, 4 sending; every send owed 119 pushes.
+func TestLarge(t *testing.T) {
+	cfg := parleytest.Config(t)
+	cfg.SendRate = 0
+	env := parleytest.Start(t, cfg)
+	rep := runScenario(t, env, Config{Scenario: "large", Rate: 60, Duration: 2 * time.Second, Members: 600, Online: 120, Senders: 4})
+	checkSends(t, rep, 119)
+	var info struct {
+		Members int64
+		Mode    string
+	}
+	if st := env.Admin(t, "GET", "/v1/conversations/"+rep.RunPrefix+"large", nil, &info); st != 200 || info.Members != 600 {
+		t.Errorf("the group: status %d, %d members", st, info.Members)
+	}
+}
+
+// TestIdle holds 300 bare connections with fast pings and reads the
+// server's RSS from its metrics listener.
+func TestIdle(t *testing.T) {
+	cfg := parleytest.Config(t)
+	cfg.MetricsListen = "127.0.0.1:0"
+	env := parleytest.Start(t, cfg)
+	metrics := "http://" + env.Srv.MetricsAddr()
+	rep := runScenario(t, env, Config{Scenario: "idle", Conns: 300, Duration: 2 * time.Second, PingInterval: 500 * time.Millisecond, MetricsURL: metrics})
+	ir := rep.Idle
+	if ir == nil || ir.Connected != 300 || ir.Failed != 0 || ir.Dropped != 0 || rep.Failed() {
+		t.Fatalf("idle report %+v", ir)
+	}
+	// 300 connections × 2 s / 0.5 s = about 1200 pings.
+	if ir.Pings < 900 || rep.Latency["ping"].Count != ir.Pings {
+		t.Errorf("pings %d (histogram %d)", ir.Pings, rep.Latency["ping"].Count)
+	}
+	if ir.ServerRSSBefore <= 0 || ir.ServerRSSAfter <= 0 || ir.RSSSource != metrics+"/metrics" {
+		t.Errorf("server RSS %d → %d from %q", ir.ServerRSSBefore, ir.ServerRSSAfter, ir.RSSSource)
+	}
+	if ir.ServerConnectionGauge == nil || *ir.ServerConnectionGauge != 300 {
+		t.Errorf("server connection gauge %v", ir.ServerConnectionGauge)
+	}
+	if rep.ConnectMs.Count != 300 {
+		t.Errorf("connect histogram %d", rep.ConnectMs.Count)
+	}
+	var js bytes.Buffer
+	_ = rep.WriteJSON(&js)
+	if !strings.Contains(js.String(), `"rss_per_conn_bytes"`) {
+		t.Errorf("JSON lacks rss_per_conn_bytes")
+	}
+}
+
+// TestIdleServerPID reads the RSS from /proc (the in-process server is
+// this process) and refuses a run with no way to read it.
+func TestIdleServerPID(t *testing.T) {
+	env := parleytest.Start(t, parleytest.Config(t))
+	rep := runScenario(t, env, Config{Scenario: "idle", Conns: 50, Duration: 500 * time.Millisecond, PingInterval: 200 * time.Millisecond, ServerPID: os.Getpid()})
+	if rep.Idle.Connected != 50 || rep.Idle.ServerRSSAfter <= 0 || !strings.HasPrefix(rep.Idle.RSSSource, "/proc/") {
+		t.Errorf("idle report %+v", rep.Idle)
+	}
+	_, err := Run(context.Background(), Config{Scenario: "idle", Addr: env.Addr, AdminURL: env.AdminURL, AdminToken: parleytest.AdminToken, Conns: 5})
+	if err == nil || !strings.Contains(err.Error(), "-server-pid or -metrics") {
+		t.Errorf("idle without a way to read RSS: %v", err)
+	}
+}
+
+// TestStorm connects 2000 devices, each in 3 conversations of 5 with 4
+// messages each, drops them all and reconnects them at once. The server
+// allows 2 sends a second per device (burst 1), so seeding meets
+// RATE_LIMITED and must retry it.
+func TestStorm(t *testing.T) {
+	cfg := parleytest.Config(t)
+	cfg.SendRate, cfg.SendBurst = 2, 1
+	env := parleytest.Start(t, cfg)
+	rep := runScenario(t, env, Config{Scenario: "storm", Devices: 2000, ConvsPer: 3, Size: 5, Msgs: 4})
+	sr := rep.Storm
+	if sr == nil || sr.Finished != 2000 || sr.Failed != 0 || len(rep.Errors) != 0 || rep.Failed() {
+		t.Fatalf("storm report %+v, errors %v", sr, rep.Errors)
+	}
+	if sr.Conversations != 1200 || sr.Seeded != 4800 || sr.SnapshotItems != 6000 || sr.SnapshotEvents != 6000*4 || sr.SnapshotMismatch != 0 || sr.SnapshotItemErrors != 0 {
+		t.Errorf("convs %d seeded %d items %d events %d mismatches %d item errors %d",
+			sr.Conversations, sr.Seeded, sr.SnapshotItems, sr.SnapshotEvents, sr.SnapshotMismatch, sr.SnapshotItemErrors)
+	}
+	if sr.SeedLimited == 0 {
+		t.Errorf("seeding met no RATE_LIMITED at 2 sends/s per device")
+	}
+	if sr.ReconnectMs.Count != 2000 || sr.WallMs <= 0 || sr.ReconnectMs.Max > sr.WallMs*1.01 {
+		t.Errorf("reconnect %+v wall %v", sr.ReconnectMs, sr.WallMs)
+	}
+}
+
+func TestStormConvs(t *testing.T) {
+	for _, tc := range []struct{ n, size, rounds int }{{10, 5, 3}, {11, 5, 2}, {2000, 5, 3}, {7, 3, 1}} {
+		groups := stormConvs(tc.n, tc.size, tc.rounds)
+		count := make([]int, tc.n)
+		for _, g := range groups {
+			if len(g) < 2 {
+				t.Errorf("%v: a group of %d", tc, len(g))
+			}
+			for _, d := range g {
+				count[d]++
+			}
+		}
+		for d, c := range count {
+			if c != tc.rounds {
+				t.Errorf("%v: device %d in %d conversations", tc, d, c)
+			}
+		}
+	}
+}
+
+func TestCurveAndChart(t *testing.T) {
+	h := NewHist()
+	for i := 1; i <= 10000; i++ {
+		h.Record(0, int64(i)*int64(time.Microsecond))
+	}
+	c := Curve(h.Total())
+	if len(c) < 60 || c[0].P != 0 || c[len(c)-1].P != 100 || c[len(c)-1].Ms < 9.9 {
+		t.Fatalf("curve %v", c)
+	}
+	for i := 1; i < len(c); i++ {
+		if c[i].P < c[i-1].P || c[i].Ms < c[i-1].Ms {
+			t.Fatalf("curve not monotonic at %d: %v %v", i, c[i-1], c[i])
+		}
+	}
+	svg := svgChart("t", "x", "y", []chartLine{{"a", "#000", "", []xy{{0, 1}, {1, 0}, {2, 100}}}}, false, true)
+	if !strings.Contains(svg, "<path") || strings.Contains(svg, "NaN") || strings.Contains(svg, "Inf") {
+		t.Errorf("chart %s", svg)
+	}
+	if empty := svgChart("t", "x", "y", nil, true, true); !strings.Contains(empty, "no data") {
+		t.Errorf("empty chart %s", empty)
+	}
+}
