@@ -2,7 +2,7 @@ package store
 
 import (
 	"context"
-	"errors"
+	"math"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -26,24 +26,55 @@ type SnapshotItem struct {
 func (s *Store) Snapshot(ctx context.Context, user string, convs []string, afters []int64, fullMax, tail int) ([]SnapshotItem, error) {
 	out := make([]SnapshotItem, len(convs))
 	err := s.readTx(ctx, func(tx pgx.Tx) error {
+		// One query for every conversation's periods, one for heads, reads
+		// and unread counts; events only where there is a gap.
+		rows, err := tx.Query(ctx, `SELECT conv_id, from_seq, coalesce(to_seq, $3) FROM membership_periods
+			WHERE user_id = $1 AND conv_id = ANY($2) ORDER BY conv_id, from_seq`, user, convs, int64(math.MaxInt64))
+		if err != nil {
+			return err
+		}
+		periods := map[string][]Period{}
+		for rows.Next() {
+			var conv string
+			var p Period
+			if err := rows.Scan(&conv, &p.From, &p.To); err != nil {
+				rows.Close()
+				return err
+			}
+			periods[conv] = append(periods[conv], p)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		rows, err = tx.Query(ctx, `SELECT c.i, h.head, r.read, parley_unread(c.conv, $1, r.read)
+			FROM unnest($2::text[]) WITH ORDINALITY AS c(conv, i)
+			CROSS JOIN LATERAL (SELECT coalesce(max(seq), 0) AS head FROM events WHERE conv_id = c.conv) h
+			CROSS JOIN LATERAL (SELECT coalesce((SELECT read_seq FROM read_positions WHERE user_id = $1 AND conv_id = c.conv), 0) AS read) r
+			WHERE EXISTS (SELECT 1 FROM membership_periods m WHERE m.user_id = $1 AND m.conv_id = c.conv)`, user, convs)
+		if err != nil {
+			return err
+		}
+		for rows.Next() {
+			var i int64
+			var head, read, unread int64
+			if err := rows.Scan(&i, &head, &read, &unread); err != nil {
+				rows.Close()
+				return err
+			}
+			out[i-1].Head, out[i-1].Read, out[i-1].Unread = head, read, unread
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
 		for i, conv := range convs {
 			it := &out[i]
 			it.Conv = conv
-			periods, err := periodsTx(ctx, tx, conv, user)
-			if errors.Is(err, ErrNotMember) {
-				it.Err = err
+			ps := periods[conv]
+			if len(ps) == 0 {
+				*it = SnapshotItem{Conv: conv, Err: ErrNotMember}
 				continue
-			}
-			if err != nil {
-				return err
-			}
-			if err := tx.QueryRow(ctx, `SELECT coalesce(max(seq), 0),
-					coalesce((SELECT read_seq FROM read_positions WHERE user_id = $2 AND conv_id = $1), 0)
-				FROM events WHERE conv_id = $1`, conv, user).Scan(&it.Head, &it.Read); err != nil {
-				return err
-			}
-			if err := tx.QueryRow(ctx, unreadSQL, user, conv, it.Read).Scan(&it.Unread); err != nil {
-				return err
 			}
 			after := afters[i]
 			gap := it.Head - after
@@ -53,7 +84,7 @@ func (s *Store) Snapshot(ctx context.Context, user string, convs []string, after
 			case gap == 0:
 			case gap <= int64(fullMax):
 				p := Page{Head: it.Head, Upto: after}
-				if err := readRanges(ctx, tx, conv, periods, fullMax, &p); err != nil {
+				if err := readRanges(ctx, tx, conv, ps, fullMax, &p); err != nil {
 					return err
 				}
 				it.Events = p.Events
