@@ -68,6 +68,39 @@ func (s *Store) Snapshot(ctx context.Context, user string, convs []string, after
 		if err := rows.Err(); err != nil {
 			return err
 		}
+		// Every row of every small gap, in one query: at most fullMax each.
+		var fc []string
+		var fa, fh, fi []int64
+		for i, conv := range convs {
+			if gap := out[i].Head - afters[i]; len(periods[conv]) > 0 && afters[i] >= 0 && gap > 0 && gap <= int64(fullMax) {
+				fc, fa, fh, fi = append(fc, conv), append(fa, afters[i]), append(fh, out[i].Head), append(fi, int64(i))
+			}
+		}
+		full := map[int64][]Event{}
+		if len(fc) > 0 {
+			rows, err := tx.Query(ctx, `SELECT u.i, e.seq, e.kind, e.sender, coalesce(e.cmid, ''), coalesce(e.body, ''::bytea), e.ts,
+					e.recalled_by IS NOT NULL, coalesce(e.target, 0), e.users
+				FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[]) AS u(conv, after, head, i)
+				JOIN events e ON e.conv_id = u.conv AND e.seq > u.after AND e.seq <= u.head
+				ORDER BY u.i, e.seq`, fc, fa, fh, fi)
+			if err != nil {
+				return err
+			}
+			for rows.Next() {
+				var i int64
+				var e Event
+				if err := rows.Scan(&i, &e.Seq, &e.Kind, &e.Sender, &e.Cmid, &e.Body, &e.Ts, &e.Recalled, &e.Target, &e.Users); err != nil {
+					rows.Close()
+					return err
+				}
+				e.Conv = convs[i]
+				full[i] = append(full[i], e)
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				return err
+			}
+		}
 		for i, conv := range convs {
 			it := &out[i]
 			it.Conv = conv
@@ -83,11 +116,7 @@ func (s *Store) Snapshot(ctx context.Context, user string, convs []string, after
 				it.Err = ErrCursorAhead
 			case gap == 0:
 			case gap <= int64(fullMax):
-				p := Page{Head: it.Head, Upto: after}
-				if err := readRanges(ctx, tx, conv, ps, fullMax, &p); err != nil {
-					return err
-				}
-				it.Events = p.Events
+				it.Events = visibleRun(after, ps, full[int64(i)])
 			default:
 				if err := snapshotTail(ctx, tx, conv, user, after, tail, it); err != nil {
 					return err
@@ -132,4 +161,35 @@ func snapshotTail(ctx context.Context, tx pgx.Tx, conv, user string, after int64
 	it.Events = evs
 	it.Skipped = total - int64(len(evs))
 	return nil
+}
+
+// visibleRun returns the visible events of rows (seq order, all rows of a
+// range starting at after+1) up to the first seq without a row, as sync
+// would: a seq in flight ends the run.
+func visibleRun(after int64, ps []Period, rows []Event) []Event {
+	var out []Event
+	next := after + 1
+	for _, e := range rows {
+		if e.Seq != next {
+			break
+		}
+		next++
+		if e.Kind == KindHole || !inPeriods(ps, e.Seq) {
+			continue
+		}
+		if e.Recalled {
+			e.Body = nil
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+func inPeriods(ps []Period, seq int64) bool {
+	for _, p := range ps {
+		if seq >= p.From && seq <= p.To {
+			return true
+		}
+	}
+	return false
 }
