@@ -71,6 +71,6 @@ kill $pid
 wait $pid 2>/dev/null || true
 trap - EXIT
 
-[ -f "$res/extra.md" ] || : > "$res/extra.md"
+cp tools/bench-extra.md "$res/extra.md"
 go run ./tools/benchmd -dir "$res" > "$OUT"
 echo "wrote $OUT"
