@@ -268,4 +268,3 @@ func (f *Fanout) ToUser(ctx context.Context, user, exceptDevice string, frame []
 	}
 	return nil
 }
-

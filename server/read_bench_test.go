@@ -44,7 +44,9 @@ func BenchmarkReadOpenLoop(b *testing.B) {
 	if st := parleytest.AdminCall(b, p.AdminURL, "POST", "/v1/bulk/users", map[string]any{"ids": ids}, nil); st != http.StatusCreated {
 		b.Fatal(st)
 	}
-	var out struct{ Devices []struct{ ID, User, Token string } }
+	var out struct {
+		Devices []struct{ ID, User, Token string }
+	}
 	if st := parleytest.AdminCall(b, p.AdminURL, "POST", "/v1/bulk/devices", map[string]any{"devices": devs}, &out); st != http.StatusCreated {
 		b.Fatal(st)
 	}

@@ -13,7 +13,6 @@ import (
 // migration 0003: derived from the events on every call, never stored.
 const unreadSQL = `SELECT parley_unread($2, $1, $3)`
 
-
 // ReadUpdate is one read report: user has read conv up to Seq.
 type ReadUpdate struct {
 	User string

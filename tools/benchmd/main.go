@@ -54,7 +54,10 @@ func main() {
 		fmt.Fprintln(os.Stderr, "usage: benchmd -dir RESULTS")
 		os.Exit(2)
 	}
-	read := func(name string) string { b, _ := os.ReadFile(filepath.Join(*dir, name)); return strings.TrimSpace(string(b)) }
+	read := func(name string) string {
+		b, _ := os.ReadFile(filepath.Join(*dir, name))
+		return strings.TrimSpace(string(b))
+	}
 
 	fmt.Println("# Benchmarks")
 	fmt.Println()
