@@ -1,15 +1,15 @@
 // Package cursor keeps per-device delivery cursors ("this device holds
-// every event of the conversation up to seq") and the hot copy of per-user
-// read positions. A cursor only grows: acks
-// are max-merged, first durably in PostgreSQL (GREATEST upserts, group
-// committed), then in Redis by the hash_max script, the hot copy that
-// fan-out and the redelivery scan read. An ack from a connection of an
-// older install of the device changes nothing (M5).
+// every event of the conversation up to seq") and per-user read positions.
+// Both only grow: reports are max-merged, first durably in PostgreSQL
+// (GREATEST upserts, group committed, before the reply), then in Redis by
+// the hash_max script. The Redis hashes are a hot copy for the tiered
+// fan-out to come; nothing reads them yet (convs, read and the redelivery
+// scan use PostgreSQL and the gateway's own state). An ack from a
+// connection of an older install of the device changes nothing (M5).
 package cursor
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"time"
 
@@ -104,18 +104,6 @@ func (c *Cursors) commit(items []*pendingAck) {
 	for i, it := range items {
 		it.done(res[i])
 	}
-}
-
-// Hot returns the device's cursor in conv from Redis (0 if absent).
-func (c *Cursors) Hot(ctx context.Context, user, device, conv string) (int64, error) {
-	v, err := c.rdb.HGet(ctx, c.Key(user, device), conv).Int64()
-	if err == redis.Nil {
-		return 0, nil
-	}
-	if err != nil {
-		return 0, fmt.Errorf("cursor: %w", err)
-	}
-	return v, nil
 }
 
 // Forget deletes the device's hot cursors (after a reinstall).

@@ -135,11 +135,3 @@ func (s *Store) MergeCursors(ctx context.Context, ups []CursorUpdate) ([]CursorR
 	}
 	return res, nil
 }
-
-// Cursor returns the device's delivery cursor in conv (0 if none).
-func (s *Store) Cursor(ctx context.Context, device, conv string) (int64, error) {
-	var v int64
-	err := s.pool.QueryRow(ctx, `SELECT coalesce((SELECT delivered_seq FROM device_cursors WHERE device_id = $1 AND conv_id = $2), 0)`,
-		device, conv).Scan(&v)
-	return v, err
-}

@@ -128,22 +128,6 @@ func (s *Store) markReads(ctx context.Context, users, convs []string, seqs []int
 	return rows.Err()
 }
 
-// MarkRead merges one read report (MarkReads of one).
-func (s *Store) MarkRead(ctx context.Context, user, conv string, seq int64) (ReadResult, error) {
-	res, err := s.MarkReads(ctx, []ReadUpdate{{User: user, Conv: conv, Seq: seq}})
-	if err != nil {
-		return ReadResult{}, err
-	}
-	return res[0], res[0].Err
-}
-
-// ReadPosition returns user's read position in conv (0 if none).
-func (s *Store) ReadPosition(ctx context.Context, user, conv string) (int64, error) {
-	var v int64
-	err := s.pool.QueryRow(ctx, `SELECT coalesce((SELECT read_seq FROM read_positions WHERE user_id = $1 AND conv_id = $2), 0)`, user, conv).Scan(&v)
-	return v, err
-}
-
 // ConvItem is one conversation as the convs request shows it to a device.
 type ConvItem struct {
 	Conv      string

@@ -58,17 +58,6 @@ func (s *Store) DeviceByID(ctx context.Context, id string) (Device, error) {
 	return d, err
 }
 
-// UserExists reports whether every id is a user; it returns the first
-// unknown one.
-func (s *Store) MissingUser(ctx context.Context, ids []string) (string, error) {
-	var missing string
-	err := s.pool.QueryRow(ctx, `SELECT u FROM unnest($1::text[]) u WHERE NOT EXISTS (SELECT 1 FROM users WHERE user_id = u) LIMIT 1`, ids).Scan(&missing)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return "", nil
-	}
-	return missing, err
-}
-
 // Reinstall starts a new install of the device: install_epoch + 1 and its
 // delivery cursors deleted, in one transaction. Read positions (per user)
 // are untouched. Acks still in flight from the old install lock the device
