@@ -226,21 +226,20 @@ func (s *Session) probe() {
 
 // kickOut sends {t:"kick", reason} and closes the connection after it.
 func (s *Session) kickOut(reason string) {
-	s.closing.Store(true)
-	frame, _ := wire.AppendFrame(nil, wire.Kick{T: wire.TKick, Reason: reason})
-	s.omu.Lock()
-	s.out = append(s.out, frame...)
-	s.kick = true
-	s.flushLocked()
-	s.omu.Unlock()
-	// If the write never completes (the peer is gone), the close still happens.
-	time.AfterFunc(2*time.Second, s.close)
+	s.finalFrame(wire.Kick{T: wire.TKick, Reason: reason})
 }
 
 // fail sends an error and closes the connection after it.
 func (s *Session) fail(rid string, e *wire.Error) {
+	s.finalFrame(wire.ErrorReply(rid, e))
+}
+
+// finalFrame queues a last frame, stops taking requests, and closes the
+// connection once the frame is written (or after 2 s if the peer does not
+// read it).
+func (s *Session) finalFrame(v any) {
 	s.closing.Store(true)
-	frame, _ := wire.AppendFrame(nil, wire.ErrorReply(rid, e))
+	frame, _ := wire.AppendFrame(nil, v)
 	s.omu.Lock()
 	s.out = append(s.out, frame...)
 	s.kick = true
