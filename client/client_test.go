@@ -476,6 +476,9 @@ func restartScenario(t *testing.T, sameAddr bool) {
 		t.Fatal(err)
 	}
 	eventually(t, 5*time.Second, "B at 13", func() bool { return b.Cursor("g3") == 13 })
+	// A learns of its own send through send_ok, delivered to OnEvent by
+	// A's event loop a moment later: wait for it too.
+	eventually(t, 5*time.Second, "A at 13", func() bool { return a.Cursor("g3") == 13 })
 	if got := rb.seqs("g3"); !slices.Equal(got, span(1, 13)) {
 		t.Fatalf("B's seqs = %v, want 1..13 once each, in order", got)
 	}
