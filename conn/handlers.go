@@ -202,7 +202,7 @@ func (g *Gateway) send(s *Session, req *wire.Request, start time.Time) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.RequestTimeout)
-	m := eventlog.Message{Conv: req.Conv, Sender: s.user, Device: s.device, Cmid: req.Cmid, Body: req.Body}
+	m := eventlog.Message{Conv: req.Conv, Sender: s.user, Device: s.device, Cmid: req.Cmid, Body: req.Body, Key: s.id}
 	rid, cmid, conv := req.Rid, req.Cmid, req.Conv
 	g.deps.Log.Send(ctx, m, func(r eventlog.SendResult) {
 		cancel()
@@ -241,7 +241,7 @@ func (g *Gateway) ack(s *Session, req *wire.Request, start time.Time) {
 	a := cursor.Ack{Device: s.device, User: s.user, Conv: req.Conv, Epoch: s.epoch, Seq: req.Seq}
 	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.RequestTimeout)
 	rid, conv := req.Rid, req.Conv
-	g.deps.Cursors.Merge(ctx, a, func(r cursor.Result) {
+	g.deps.Cursors.Merge(ctx, s.id, a, func(r cursor.Result) {
 		cancel()
 		if r.Err == nil {
 			s.redelivery.acked(conv, r.Delivered)
@@ -254,7 +254,7 @@ func (g *Gateway) ack(s *Session, req *wire.Request, start time.Time) {
 func (g *Gateway) read(s *Session, req *wire.Request, start time.Time) {
 	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.RequestTimeout)
 	rid, conv := req.Rid, req.Conv
-	g.deps.Cursors.Read(ctx, store.ReadUpdate{User: s.user, Conv: req.Conv, Seq: req.Seq}, func(r store.ReadResult) {
+	g.deps.Cursors.Read(ctx, s.id, store.ReadUpdate{User: s.user, Conv: req.Conv, Seq: req.Seq}, func(r store.ReadResult) {
 		cancel()
 		g.metrics.latency.WithLabelValues(wire.TRead).Observe(time.Since(start).Seconds())
 		g.answer(s, &wire.Request{T: wire.TRead, Rid: rid}, r.Err, wire.ReadOK{T: wire.TReadOK, Rid: rid, Conv: conv, Read: r.Read, Unread: r.Unread})

@@ -19,6 +19,7 @@ type Session struct {
 	// Static after construction.
 	g      *Gateway
 	c      gnet.Conn
+	id     uint64 // orders this connection's sends, acks and reads in the commit queues
 	opened time.Time
 
 	// Owned by the event loop.
@@ -57,9 +58,11 @@ type Session struct {
 	sendLast   time.Time
 }
 
+var sessionIDs atomic.Uint64
+
 func newSession(g *Gateway, c gnet.Conn) *Session {
 	now := time.Now()
-	s := &Session{g: g, c: c, opened: now}
+	s := &Session{g: g, c: c, opened: now, id: sessionIDs.Add(1)}
 	s.lastSeen.Store(now.UnixNano())
 	return s
 }

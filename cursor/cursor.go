@@ -69,8 +69,11 @@ func (c *Cursors) Key(user, device string) string {
 }
 
 // Merge queues a; done is called once, after the merge is durable.
-func (c *Cursors) Merge(ctx context.Context, a Ack, done func(Result)) {
-	if err := c.acks.Submit(ctx, &pendingAck{ack: a, done: done}); err != nil {
+//
+// Acks with the same key (one connection's) are merged in order, so each
+// reply covers every earlier ack of that connection.
+func (c *Cursors) Merge(ctx context.Context, key uint64, a Ack, done func(Result)) {
+	if err := c.acks.Submit(ctx, key, &pendingAck{ack: a, done: done}); err != nil {
 		done(Result{Err: err})
 	}
 }
@@ -117,8 +120,9 @@ func (c *Cursors) ReadKey(user string) string { return c.prefix + "rp:{" + user 
 // Read queues a read report; done is called once, after the merged read
 // position is durable in PostgreSQL (group committed with other reports)
 // and, if it advanced, max-merged into the Redis hot copy.
-func (c *Cursors) Read(ctx context.Context, r store.ReadUpdate, done func(store.ReadResult)) {
-	if err := c.reads.Submit(ctx, &pendingRead{read: r, done: done}); err != nil {
+// Reports with the same key are merged in order.
+func (c *Cursors) Read(ctx context.Context, key uint64, r store.ReadUpdate, done func(store.ReadResult)) {
+	if err := c.reads.Submit(ctx, key, &pendingRead{read: r, done: done}); err != nil {
 		done(store.ReadResult{Err: err})
 	}
 }

@@ -37,6 +37,10 @@ type Message struct {
 	Device string // the sending device (it gets send_ok instead of a push)
 	Cmid   string
 	Body   []byte
+	// Key orders sends: those with the same key (one connection's) are
+	// committed in the order they were sent, so their seqs follow that
+	// order too.
+	Key uint64
 }
 
 // SendResult is the outcome of one send.
@@ -118,7 +122,8 @@ func (l *Log) Close() {
 
 // Send queues m; done is called exactly once, after m was committed (or
 // found to be a duplicate) or failed. A sender who is not a current member
-// is refused before any seq is allocated. Sends queued by one caller are
+// is refused before any seq is allocated. Sends with the same Key are
+// committed in order. Sends queued by one caller are
 // committed in order.
 func (l *Log) Send(ctx context.Context, m Message, done func(SendResult)) {
 	if ok, err := l.members.isMember(ctx, m.Sender, m.Conv); err != nil || !ok {
@@ -128,7 +133,7 @@ func (l *Log) Send(ctx context.Context, m Message, done func(SendResult)) {
 		done(SendResult{Err: err})
 		return
 	}
-	if err := l.sends.Submit(ctx, &pendingSend{ctx: ctx, msg: m, done: done}); err != nil {
+	if err := l.sends.Submit(ctx, m.Key, &pendingSend{ctx: ctx, msg: m, done: done}); err != nil {
 		done(SendResult{Err: err})
 	}
 }

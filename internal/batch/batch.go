@@ -2,6 +2,10 @@
 // batches run by a fixed number of workers: group commit. A lone item runs
 // at once; under load, items that queue up while workers are busy go
 // together into the next batch, so one PostgreSQL commit serves many.
+//
+// Items are sharded over the workers by a key: items with the same key
+// (one client connection's requests) go to the same worker and are run in
+// the order they were submitted.
 package batch
 
 import (
@@ -21,7 +25,7 @@ type Batcher[T any] struct {
 	max    int
 	linger time.Duration
 	run    func([]T)
-	ch     chan T
+	chs    []chan T // one per worker
 
 	mu     sync.RWMutex // guards closed; held shared by Submit while sending on ch
 	closed bool
@@ -36,24 +40,26 @@ type Batcher[T any] struct {
 // less contention on PostgreSQL's WAL. A worker that is not under load
 // runs a lone item at once.
 func New[T any](workers, max, queue int, linger time.Duration, run func([]T)) *Batcher[T] {
-	b := &Batcher[T]{max: max, linger: linger, run: run, ch: make(chan T, queue)}
+	b := &Batcher[T]{max: max, linger: linger, run: run}
 	b.wg.Add(workers)
 	for i := 0; i < workers; i++ {
-		go b.work()
+		ch := make(chan T, queue/workers+1)
+		b.chs = append(b.chs, ch)
+		go b.work(ch)
 	}
 	return b
 }
 
-// Submit queues item. It blocks while the queue is full (backpressure) or
-// until ctx is done.
-func (b *Batcher[T]) Submit(ctx context.Context, item T) error {
+// Submit queues item on the worker of key. It blocks while that queue is
+// full (backpressure) or until ctx is done.
+func (b *Batcher[T]) Submit(ctx context.Context, key uint64, item T) error {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
 	if b.closed {
 		return ErrClosed
 	}
 	select {
-	case b.ch <- item:
+	case b.chs[key%uint64(len(b.chs))] <- item:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
@@ -66,19 +72,21 @@ func (b *Batcher[T]) Close() {
 	b.mu.Lock()
 	if !b.closed {
 		b.closed = true
-		close(b.ch)
+		for _, ch := range b.chs {
+			close(ch)
+		}
 	}
 	b.mu.Unlock()
 	b.wg.Wait()
 }
 
-func (b *Batcher[T]) work() {
+func (b *Batcher[T]) work(ch chan T) {
 	defer b.wg.Done()
 	items := make([]T, 0, b.max)
 	busy := false
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
-	for first := range b.ch {
+	for first := range ch {
 		items = append(items[:0], first)
 		var deadline <-chan time.Time
 		if busy && b.linger > 0 {
@@ -88,7 +96,7 @@ func (b *Batcher[T]) work() {
 	fill:
 		for len(items) < b.max {
 			select {
-			case it, ok := <-b.ch:
+			case it, ok := <-ch:
 				if !ok {
 					break fill
 				}
@@ -100,7 +108,7 @@ func (b *Batcher[T]) work() {
 				break
 			}
 			select {
-			case it, ok := <-b.ch:
+			case it, ok := <-ch:
 				if !ok {
 					break fill
 				}

@@ -25,12 +25,12 @@ func TestLoneItemRunsAtOnceAndBatchesForm(t *testing.T) {
 		}
 	})
 	start := time.Now()
-	if err := b.Submit(context.Background(), 0); err != nil {
+	if err := b.Submit(context.Background(), 0, 0); err != nil {
 		t.Fatal(err)
 	}
 	<-running
 	for i := 1; i <= 10; i++ {
-		_ = b.Submit(context.Background(), i)
+		_ = b.Submit(context.Background(), 0, i)
 	}
 	time.Sleep(10 * time.Millisecond)
 	close(release)
@@ -54,7 +54,7 @@ func TestCloseRunsQueuedAndRefusesNew(t *testing.T) {
 		mu.Unlock()
 	})
 	for i := 0; i < 50; i++ {
-		if err := b.Submit(context.Background(), i); err != nil {
+		if err := b.Submit(context.Background(), uint64(i), i); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -63,7 +63,36 @@ func TestCloseRunsQueuedAndRefusesNew(t *testing.T) {
 	if n != 50 {
 		t.Fatalf("ran %d of 50", n)
 	}
-	if err := b.Submit(context.Background(), 1); err != ErrClosed {
+	if err := b.Submit(context.Background(), 1, 1); err != ErrClosed {
 		t.Fatalf("submit after close: %v", err)
+	}
+}
+
+func TestSameKeyRunsInOrder(t *testing.T) {
+	var mu sync.Mutex
+	last := map[int]int{} // key -> last value run
+	b := New(4, 3, 1000, time.Millisecond, func(items [][2]int) {
+		time.Sleep(time.Duration(len(items)) * 100 * time.Microsecond)
+		mu.Lock()
+		defer mu.Unlock()
+		for _, it := range items {
+			if it[1] <= last[it[0]] {
+				t.Errorf("key %d: %d ran after %d", it[0], it[1], last[it[0]])
+			}
+			last[it[0]] = it[1]
+		}
+	})
+	for v := 1; v <= 200; v++ {
+		for k := 0; k < 8; k++ {
+			if err := b.Submit(context.Background(), uint64(k), [2]int{k, v}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	b.Close()
+	for k := 0; k < 8; k++ {
+		if last[k] != 200 {
+			t.Fatalf("key %d ended at %d", k, last[k])
+		}
 	}
 }
