@@ -37,14 +37,21 @@ echo "== codec"
 go test -run '^$' -bench . -benchtime 1s -count 3 ./wire/ > "$res/codec.txt" 2>&1
 
 echo "== parley-load direct"
-port=$((20000 + RANDOM % 20000))
+# A fresh database for the server, so runs do not slow down as earlier
+# runs' rows pile up; dropped at the end.
+base=${PARLEY_TEST_POSTGRES_URL:-postgres://parley:parley@127.0.0.1:5432/parley?sslmode=disable}
+db="parley_bench_$(date +%s)"
+psql -q "$base" -c "CREATE DATABASE $db"
+dburl="${base%%\?*}"
+dburl="${dburl%/*}/$db?sslmode=disable"
+port=$((20000 + RANDOM % 12000))
 admin=$((port + 1))
 prefix="bench$RANDOM:"
-PARLEY_REDIS_PREFIX=$prefix PARLEY_ADMIN_TOKEN=bench PARLEY_SEND_RATE=0 PARLEY_METRICS_LISTEN= \
+PARLEY_POSTGRES_URL=$dburl PARLEY_REDIS_PREFIX=$prefix PARLEY_ADMIN_TOKEN=bench PARLEY_SEND_RATE=0 PARLEY_METRICS_LISTEN= \
   PARLEY_LISTEN=127.0.0.1:$port PARLEY_ADMIN_LISTEN=127.0.0.1:$admin \
   taskset -c 0 "$bin/parleyd" > "$res/parleyd.log" 2>&1 &
 pid=$!
-trap 'kill $pid 2>/dev/null || true' EXIT
+trap 'kill $pid 2>/dev/null || true; sleep 1; psql -q "$base" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" || true' EXIT
 for _ in $(seq 100); do
   grep -q "parleyd ready" "$res/parleyd.log" && break
   sleep 0.1
@@ -55,7 +62,7 @@ cpu="redis=$rdpid"
 [ -n "$pgpid" ] && cpu="postgres=$pgpid,$cpu"
 cmd="taskset -c 1 parley-load direct -addr 127.0.0.1:$port -admin http://127.0.0.1:$admin -token bench -rate RATE -duration 10s -pairs 200 -server-pid PARLEYD_PID -cpu $cpu -json FILE"
 {
-  echo "PARLEY_SEND_RATE=0 taskset -c 0 parleyd   # per-device rate limit off; default config otherwise"
+  echo "PARLEY_POSTGRES_URL=<a fresh database> PARLEY_SEND_RATE=0 taskset -c 0 parleyd   # per-device rate limit off; default config otherwise"
   echo "$cmd"
 } > "$res/commands.txt"
 for rate in $RATES; do
@@ -69,6 +76,7 @@ for rate in $RATES; do
 done
 kill $pid
 wait $pid 2>/dev/null || true
+psql -q "$base" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" || true
 trap - EXIT
 
 cp tools/bench-extra.md "$res/extra.md"
