@@ -24,6 +24,19 @@ func (g *Gateway) handle(s *Session, req *wire.Request) {
 		return // auth failed or is being refused; the connection is closing
 	}
 	start := time.Now()
+	// Sends, acks and reads are answered asynchronously, after their group
+	// commit; they carry their own deadline into the commit queue.
+	switch req.T {
+	case wire.TSend:
+		g.send(s, req, start)
+		return
+	case wire.TAck:
+		g.ack(s, req, start)
+		return
+	case wire.TRead:
+		g.read(s, req, start)
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.RequestTimeout)
 	defer cancel()
 	switch req.T {
@@ -37,17 +50,8 @@ func (g *Gateway) handle(s *Session, req *wire.Request) {
 	case wire.TLeave:
 		head, err := g.deps.Log.RemoveMember(ctx, req.Conv, s.user, s.device, s.user)
 		g.answer(s, req, err, wire.MembersOK{T: wire.TMembersOK, Rid: req.Rid, Conv: req.Conv, Head: head})
-	case wire.TSend:
-		g.send(s, req, start)
-		return // answered asynchronously, after the commit
 	case wire.TSync:
 		g.sync(ctx, s, req)
-	case wire.TAck:
-		g.ack(s, req, start)
-		return
-	case wire.TRead:
-		g.read(s, req, start)
-		return
 	case wire.TConvs:
 		g.convs(ctx, s, req)
 	case wire.TSnapshot:
@@ -55,8 +59,8 @@ func (g *Gateway) handle(s *Session, req *wire.Request) {
 	case wire.TRecall:
 		res, err := g.deps.Log.Recall(ctx, req.Conv, s.user, s.device, req.Seq, g.cfg.RecallWindow)
 		g.answer(s, req, err, wire.RecallOK{T: wire.TRecallOK, Rid: req.Rid, Conv: req.Conv, Seq: res.Seq, Target: req.Seq})
-	default:
-		g.answer(s, req, wire.Errorf(wire.Internal, "%s is not available on this server yet", req.T), nil)
+	default: // the decoder admits only the types above (ping is answered on the loop)
+		g.answer(s, req, wire.Errorf(wire.Internal, "unexpected request type %s", req.T), nil)
 	}
 	g.metrics.latency.WithLabelValues(req.T).Observe(time.Since(start).Seconds())
 }

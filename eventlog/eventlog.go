@@ -91,7 +91,6 @@ type Log struct {
 const maxUnfenced = 100000
 
 type pendingSend struct {
-	ctx  context.Context
 	msg  Message
 	done func(SendResult)
 }
@@ -133,7 +132,7 @@ func (l *Log) Send(ctx context.Context, m Message, done func(SendResult)) {
 		done(SendResult{Err: err})
 		return
 	}
-	if err := l.sends.Submit(ctx, m.Key, &pendingSend{ctx: ctx, msg: m, done: done}); err != nil {
+	if err := l.sends.Submit(ctx, m.Key, &pendingSend{msg: m, done: done}); err != nil {
 		done(SendResult{Err: err})
 	}
 }

@@ -229,25 +229,19 @@ func (c *Conn) send(conv string, k, intended int64) {
 // ack tells the server the device holds every event of conv up to seq,
 // fire-and-forget (no rid: only an error comes back).
 func (c *Conn) ack(conv string, seq int64) {
-	req := wire.Request{T: wire.TAck, Conv: conv, Seq: seq}
 	c.r.acks.Add(1)
-	if c.r.cfg.Client == ClientDo {
-		_ = c.c.Write(&req)
-		return
-	}
-	c.mu.Lock()
-	c.out, _ = wire.AppendFrame(c.out, &req)
-	c.mu.Unlock()
-	select {
-	case c.wake <- struct{}{}:
-	default:
-	}
+	c.fireAndForget(wire.Request{T: wire.TAck, Conv: conv, Seq: seq})
 }
 
 // ping writes a ping without rid (its pong is ignored), to keep the
 // connection from the server's idle_timeout.
 func (c *Conn) ping() {
-	req := wire.Request{T: wire.TPing}
+	c.fireAndForget(wire.Request{T: wire.TPing})
+}
+
+// fireAndForget writes req (which has no rid) directly (ClientDo) or
+// through the pipe writer.
+func (c *Conn) fireAndForget(req wire.Request) {
 	if c.r.cfg.Client == ClientDo {
 		_ = c.c.Write(&req)
 		return
