@@ -20,7 +20,7 @@ TEST_ENV = PARLEY_TEST_POSTGRES_URL='$(PARLEY_TEST_POSTGRES_URL)' PARLEY_TEST_RE
 
 help: ## Show this help
 	@echo "Usage: make TARGET. Targets:"
-	@grep -hE '^[0-9a-zA-Z_-]+:.*?## .*$$' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-10s %s\n", $$1, $$2}'
+	@grep -hE '^[0-9a-zA-Z_-]+:.*?## .*$$' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-13s %s\n", $$1, $$2}'
 .PHONY: help
 
 services: ## Install (apt), start and set up PostgreSQL and Redis for parleyd and the tests
@@ -40,6 +40,16 @@ test: services ## Vet, run all tests with -race against real PostgreSQL and Redi
 	$(TEST_ENV) $(GO) test -race -count=1 -timeout 9m ./...
 	$(GO) test ./wire -run '^$$' -fuzz FuzzDecodeRequest -fuzztime 10s
 .PHONY: test
+
+# A private 6-node Redis Cluster on 127.0.0.1:$(CLUSTER_PORT)…+5 (bus: port+10000).
+CLUSTER_PORT ?= 7101
+
+test-cluster: services ## Run the server tests with a 6-node Redis Cluster (redis_cluster) as their hot store
+	@seeds=$$(bash tools/redis-cluster.sh start $(CLUSTER_PORT)) && \
+	trap 'bash tools/redis-cluster.sh stop $(CLUSTER_PORT)' EXIT && \
+	echo "PARLEY_TEST_REDIS_CLUSTER=$$seeds" && \
+	$(TEST_ENV) PARLEY_TEST_REDIS_CLUSTER="$$seeds" $(GO) test -race -count=1 -timeout 9m ./server/
+.PHONY: test-cluster
 
 bench: services ## Run the standard benchmark suite (a few minutes) and write BENCHMARKS.md
 	$(TEST_ENV) bash tools/bench.sh

@@ -166,7 +166,9 @@ type Options struct {
 	// MinBackoff and MaxBackoff bound the reconnect delay: attempt n waits
 	// a uniformly random time in [0, min(MaxBackoff, MinBackoff·2ⁿ))
 	// ("full jitter", so a server restart is not followed by every client
-	// reconnecting at the same instant). Defaults 200 ms and 10 s.
+	// reconnecting at the same instant). Defaults 200 ms and 10 s. An auth
+	// answered RATE_LIMITED (the gateway is over its auth rate) waits the
+	// retry_after_ms the server gives instead, plus up to MinBackoff.
 	MinBackoff, MaxBackoff time.Duration
 	// SyncLimit is the page size of sync requests (0: the server's
 	// default, 100; the server caps it at 1000).
@@ -653,20 +655,21 @@ func (c *Client) supervise() {
 				return
 			}
 			delay := c.backoff(attempt)
-			attempt++
-			if we, ok := wire.AsError(err); ok {
-				switch we.Code {
-				case wire.AuthFailed:
-					// Retrying a bad token cannot help; the app must
-					// re-provision the device.
-					c.stop(err)
-					return
-				case wire.RateLimited:
-					// The server says when: wait that long, plus a little
-					// jitter so the rejected clients do not come back
-					// together.
-					delay = time.Duration(we.RetryAfterMs)*time.Millisecond + c.jitter(c.opt.MinBackoff)
-				}
+			switch we, _ := wire.AsError(err); {
+			case we != nil && we.Code == wire.AuthFailed:
+				// Retrying a bad token cannot help; the app must
+				// re-provision the device.
+				c.stop(err)
+				return
+			case we != nil && we.Code == wire.RateLimited:
+				// The gateway is busy (a reconnect storm) and says when to
+				// come back: wait that long instead of our own backoff,
+				// plus a little jitter of our own so the refused clients do
+				// not come back together. Not a failure: the backoff does
+				// not grow, and the client never gives up over it.
+				delay = time.Duration(we.RetryAfterMs)*time.Millisecond + c.jitter(c.opt.MinBackoff)
+			default:
+				attempt++
 			}
 			c.log.Info("connect failed", "err", err, "retry_in", delay)
 			c.setState(Disconnected, err)

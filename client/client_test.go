@@ -37,6 +37,7 @@ type recorder struct {
 type stateChange struct {
 	st  client.State
 	err error
+	at  time.Time // when OnState was called
 }
 
 func newRecorder() *recorder { return &recorder{events: map[string][]wire.Event{}} }
@@ -49,7 +50,7 @@ func (r *recorder) onEvent(conv string, ev wire.Event) {
 
 func (r *recorder) onState(st client.State, err error) {
 	r.mu.Lock()
-	r.states = append(r.states, stateChange{st, err})
+	r.states = append(r.states, stateChange{st, err, time.Now()})
 	r.mu.Unlock()
 }
 
@@ -756,6 +757,72 @@ func TestCloseLeavesNoGoroutines(t *testing.T) {
 	// And the total count comes back (the server's per-connection
 	// goroutines end too, once it has seen the connections close).
 	eventually(t, 5*time.Second, fmt.Sprintf("goroutines back to %d", base), func() bool { return runtime.NumGoroutine() <= base })
+}
+
+// Over the gateway's auth rate the server answers auth RATE_LIMITED with
+// a retry_after_ms and closes the connection. A Client takes it as "come
+// back later", not as a bad token: it waits at least retry_after_ms (its
+// own backoff here is at most 10 ms) before it dials again, never stops,
+// and every client connects in the end.
+func TestHonoursAuthRateLimit(t *testing.T) {
+	leakCheckAtEnd(t)
+	cfg := parleytest.Config(t)
+	cfg.AuthRate, cfg.AuthBurst = 4, 1
+	env := parleytest.Start(t, cfg)
+	const n = 4
+	recs := make([]*recorder, n)
+	clients := make([]*client.Client, n)
+	for i := range n {
+		dev := env.User(t, fmt.Sprint("rl", i), 1)[0]
+		recs[i] = newRecorder()
+		clients[i] = client.New(client.Options{
+			Addr: env.Addr, Device: dev.ID, Token: dev.Token,
+			RequestTimeout: 5 * time.Second, MinBackoff: 10 * time.Millisecond, MaxBackoff: 10 * time.Millisecond,
+			OnState: recs[i].onState, Logger: testLogger(),
+		})
+		defer clients[i].Close()
+	}
+	// All at once: one gets the burst's token, the others are refused.
+	errs := make(chan error, n)
+	for _, c := range clients {
+		go func() { errs <- c.Start(testCtx(t)) }()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatalf("Start: %v", err)
+		}
+	}
+	refused := 0
+	for i, rec := range recs {
+		log := rec.stateLog()
+		for j, sc := range log {
+			switch {
+			case sc.st == client.Closed:
+				t.Fatalf("client %d closed: %v", i, sc.err)
+			case sc.st != client.Disconnected:
+				continue
+			}
+			we, ok := wire.AsError(sc.err)
+			if !ok || we.Code != wire.RateLimited || we.RetryAfterMs <= 0 {
+				t.Fatalf("client %d disconnected with %v, want RATE_LIMITED with retry_after_ms", i, sc.err)
+			}
+			refused++
+			if j+1 >= len(log) || log[j+1].st != client.Connecting {
+				t.Fatalf("client %d: after RATE_LIMITED %+v, want connecting", i, log[j+1:])
+			}
+			// (OnState runs on the client's event loop: allow it a little
+			// delay in delivering the refusal.)
+			if waited, want := log[j+1].at.Sub(sc.at), time.Duration(we.RetryAfterMs)*time.Millisecond; waited < want-20*time.Millisecond {
+				t.Errorf("client %d dialed again %v after RATE_LIMITED, before retry_after_ms (%v)", i, waited, want)
+			}
+		}
+		if st := clients[i].State(); st != client.Connected {
+			t.Fatalf("client %d is %v", i, st)
+		}
+	}
+	if refused == 0 {
+		t.Fatalf("%d clients at once, auth_rate 4/s with a burst of 1: none was refused", n)
+	}
 }
 
 // ---- a scripted server, for what the real one cannot be made to do ----

@@ -68,6 +68,14 @@ type Config struct {
 	MaxOutbound int `yaml:"max_outbound" default:"1048576"`
 	// AuthTimeout is how long a new connection has to send auth.
 	AuthTimeout time.Duration `yaml:"auth_timeout" default:"10s"`
+	// AuthRate is how many auth requests a second this gateway accepts,
+	// checked before any database lookup; over it (and AuthBurst), auth is
+	// answered RATE_LIMITED with a jittered retry_after_ms and the
+	// connection is closed. 0 disables the limit. See docs/operations.md.
+	AuthRate int `yaml:"auth_rate" default:"5000"`
+	// AuthBurst is how many auth requests may arrive at once before
+	// AuthRate applies.
+	AuthBurst int `yaml:"auth_burst" default:"5000"`
 	// IdleTimeout closes a connection that sent nothing for this long.
 	IdleTimeout time.Duration `yaml:"idle_timeout" default:"90s"`
 	// RequestTimeout bounds the work of one request against the stores.
@@ -109,6 +117,17 @@ type Config struct {
 	SendRate int `yaml:"send_rate" default:"100"`
 	// SendBurst is the per-device send burst.
 	SendBurst int `yaml:"send_burst" default:"200"`
+	// MentionAllRate is how many sends with mention_all each conversation
+	// may have per MentionAllPeriod (over it: RATE_LIMITED); 0: no limit.
+	MentionAllRate int `yaml:"mention_all_rate" default:"5"`
+	// MentionAllPeriod is the period of MentionAllRate.
+	MentionAllPeriod time.Duration `yaml:"mention_all_period" default:"1m"`
+	// FanoutWorkers is how many readers of the fan-out stream (per-member
+	// conversation row writes) this process runs.
+	FanoutWorkers int `yaml:"fanout_workers" default:"2"`
+	// FanoutClaimIdle: a fan-out stream entry that a worker took but did
+	// not finish for this long (the worker died) is claimed by another.
+	FanoutClaimIdle time.Duration `yaml:"fanout_claim_idle" default:"10s"`
 
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `yaml:"log_level" default:"info"`
@@ -180,6 +199,9 @@ func (c Config) Validate() error {
 	}
 	if c.CommitBatch < 1 || c.CommitWorkers < 1 {
 		errs = append(errs, errors.New("commit_batch and commit_workers must be positive"))
+	}
+	if c.AuthRate < 0 || c.AuthBurst < 0 || (c.AuthRate > 0 && c.AuthBurst < 1) {
+		errs = append(errs, errors.New("auth_rate must be at least 0, and auth_burst at least 1 when auth_rate is set"))
 	}
 	if c.SnapshotTail < 1 || c.SnapshotFullMax < c.SnapshotTail {
 		errs = append(errs, errors.New("need 1 <= snapshot_tail <= snapshot_full_max"))

@@ -35,6 +35,14 @@ type Deps struct {
 	Cursors *cursor.Cursors
 	Routes  *route.Table
 	Bus     *fanout.Bus
+	// Rows are the users' conversation rows (the order of convs); nil:
+	// convs probes every conversation.
+	Rows *fanout.Rows
+	// Mentions limits mention_all sends (nil: unlimited).
+	Mentions *MentionLimiter
+	// Online adds an authenticated connection to the online index of the
+	// user's big conversations (nil: none is kept).
+	Online func(ctx context.Context, user, device string, token int64) error
 	// Notify sends a frame to the user's online devices but one.
 	Notify func(ctx context.Context, user, exceptDevice string, frame []byte) error
 }
@@ -51,6 +59,11 @@ type Gateway struct {
 	booted  chan struct{}
 	eng     gnet.Engine // set before booted is closed
 
+	authLimit *authLimiter // static; nil when auth_rate is 0
+	// Reads of many connections answered together (combine.go).
+	snapshots combiner[store.SnapshotQuery, []store.SnapshotItem]
+	lookups   combiner[string, deviceLookup] // auth: device id -> row
+
 	mu       sync.RWMutex
 	sessions map[*Session]struct{} // every open connection
 	devices  map[string]*Session   // device -> its authenticated connection
@@ -62,11 +75,14 @@ type Gateway struct {
 
 // New returns a gateway; Run serves it.
 func New(cfg config.Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) *Gateway {
-	return &Gateway{
+	g := &Gateway{
 		cfg: cfg, deps: deps, log: log, metrics: newMetrics(reg),
-		booted: make(chan struct{}), stopping: make(chan struct{}),
+		authLimit: newAuthLimiter(cfg.AuthRate, cfg.AuthBurst),
+		booted:    make(chan struct{}), stopping: make(chan struct{}),
 		sessions: map[*Session]struct{}{}, devices: map[string]*Session{},
 	}
+	g.initCombiners()
+	return g
 }
 
 // Run listens on cfg.Listen and serves until Shutdown. It blocks.
@@ -176,6 +192,9 @@ func (g *Gateway) OnClose(c gnet.Conn, _ error) gnet.Action {
 			if err := g.deps.Routes.Unregister(ctx, s.user, s.device, s.token); err != nil {
 				g.log.Debug("unregistering route", "device", s.device, "err", err)
 			}
+			if err := g.deps.Routes.RemoveOnline(ctx, s.device, s.token); err != nil {
+				g.log.Debug("leaving the online index", "device", s.device, "err", err)
+			}
 		})
 	}
 	return gnet.None
@@ -238,6 +257,15 @@ func (g *Gateway) OnTraffic(c gnet.Conn) gnet.Action {
 			s.gotFirst = true
 			if req.T != wire.TAuth {
 				s.fail(req.Rid, wire.Errorf(wire.Unauthenticated, "the first frame must be auth"))
+				return gnet.None
+			}
+			// The gateway's auth rate, checked here on the loop: a refused
+			// auth costs no goroutine and no database lookup.
+			if wait, ok := g.authLimit.admit(time.Now()); !ok {
+				g.metrics.refusals.WithLabelValues("auth_rate").Inc()
+				g.metrics.errors.WithLabelValues(string(wire.RateLimited)).Inc()
+				s.fail(req.Rid, &wire.Error{Code: wire.RateLimited, RetryAfterMs: wait.Milliseconds(),
+					Msg: "too many devices are authenticating at this gateway; reconnect after retry_after_ms"})
 				return gnet.None
 			}
 		} else if req.T == wire.TAuth {
@@ -332,9 +360,16 @@ func (g *Gateway) Reregister(ctx context.Context) {
 	for _, s := range ss {
 		if _, _, err := g.deps.Routes.Register(ctx, s.user, s.device, s.token); errors.Is(err, route.ErrFenced) {
 			s.kickOut("replaced")
+			continue
 		} else if err != nil {
 			g.log.Warn("re-registering routes", "err", err)
 			return
+		}
+		if g.deps.Online != nil {
+			if err := g.deps.Online(ctx, s.user, s.device, s.token); err != nil {
+				g.log.Warn("re-registering the online index", "err", err)
+				return
+			}
 		}
 	}
 	g.log.Info("re-registered routes after Redis lost them", "connections", len(ss))

@@ -111,18 +111,20 @@ func (g *Gateway) wireError(t string, err error) *wire.Error {
 }
 
 func (g *Gateway) auth(ctx context.Context, s *Session, req *wire.Request) {
-	dev, err := g.deps.Store.DeviceByID(ctx, req.Device)
-	if err != nil && !errors.Is(err, store.ErrNotFound) {
+	// Looked up together with the other auths arriving meanwhile.
+	found, err := g.lookups.do(ctx, req.Device)
+	if err != nil {
 		g.log.Warn("auth lookup", "err", err)
 		s.fail(req.Rid, wire.Errorf(wire.Unavailable, "a backend is unavailable; retry later"))
 		return
 	}
+	dev := found.dev
 	sum := sha256.Sum256([]byte(req.Token))
 	want := dev.TokenSHA256
 	if len(want) != len(sum) {
 		want = make([]byte, len(sum)) // compare anyway: same work for unknown devices
 	}
-	if subtle.ConstantTimeCompare(sum[:], want) != 1 || err != nil {
+	if subtle.ConstantTimeCompare(sum[:], want) != 1 || !found.found {
 		s.fail(req.Rid, wire.Errorf(wire.AuthFailed, "unknown device or bad token"))
 		return
 	}
@@ -148,8 +150,16 @@ func (g *Gateway) auth(ctx context.Context, s *Session, req *wire.Request) {
 			g.log.Debug("kicking replaced connection", "gateway", prev.Gateway, "err", err)
 		}
 	}
+	if g.deps.Online != nil {
+		if err := g.deps.Online(ctx, s.user, s.device, s.token); err != nil {
+			// Pushes of big groups miss this device until it reconnects;
+			// its sync and hints still find everything.
+			g.log.Warn("joining the online index", "device", s.device, "err", err)
+		}
+	}
 	if s.closed.Load() { // closed while authenticating: undo the route
 		_ = g.deps.Routes.Unregister(ctx, s.user, s.device, s.token)
+		_ = g.deps.Routes.RemoveOnline(ctx, s.device, s.token)
 		return
 	}
 	g.answer(s, req, nil, wire.AuthOK{T: wire.TAuthOK, Rid: req.Rid, User: dev.User, Device: dev.ID,
@@ -203,6 +213,9 @@ func (g *Gateway) send(s *Session, req *wire.Request, start time.Time) {
 	}
 	if wait, ok := s.allowSend(start); !ok {
 		g.answer(s, req, &wire.Error{Code: wire.RateLimited, Msg: "send rate exceeded", RetryAfterMs: max(1, wait.Milliseconds())}, nil)
+		return
+	}
+	if req.MentionAll && !g.allowMentionAll(s, req) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.RequestTimeout)
@@ -297,10 +310,24 @@ func (g *Gateway) convs(ctx context.Context, s *Session, req *wire.Request) {
 		}
 		cur = &c
 	}
-	items, more, err := g.deps.Store.Conversations(ctx, s.user, s.device, limit, cur)
+	order := store.ConvOrder{SmallBelow: int64(g.cfg.WriteFanoutMax)}
+	if g.deps.Rows != nil {
+		// Without rows (Redis is down) every conversation is probed.
+		if rows, err := g.deps.Rows.Read(ctx, s.user); err == nil {
+			order.Rows = rows
+		}
+	}
+	items, more, backfill, err := g.deps.Store.Conversations(ctx, s.user, s.device, limit, cur, order)
 	if err != nil {
 		g.answer(s, req, err, nil)
 		return
+	}
+	if len(backfill) > 0 && g.deps.Rows != nil {
+		defer func() {
+			if err := g.deps.Rows.Backfill(ctx, s.user, backfill); err != nil {
+				g.log.Debug("backfilling conversation rows", "err", err)
+			}
+		}()
 	}
 	out := wire.ConvsOK{T: wire.TConvsOK, Rid: req.Rid, More: more, Items: make([]wire.ConvItem, len(items))}
 	for i, it := range items {
@@ -345,7 +372,7 @@ func (g *Gateway) snapshot(ctx context.Context, s *Session, req *wire.Request) {
 	for i, c := range req.Convs {
 		convs[i], afters[i] = c.Conv, c.After
 	}
-	items, err := g.deps.Store.Snapshot(ctx, s.user, convs, afters, g.cfg.SnapshotFullMax, g.cfg.SnapshotTail)
+	items, err := g.snapshots.do(ctx, store.SnapshotQuery{User: s.user, Convs: convs, Afters: afters})
 	if err != nil {
 		g.answer(s, req, err, nil)
 		return

@@ -9,7 +9,9 @@ type metrics struct {
 	framesOut   *prometheus.CounterVec
 	errors      *prometheus.CounterVec
 	drops       *prometheus.CounterVec
+	refusals    *prometheus.CounterVec
 	latency     *prometheus.HistogramVec
+	combined    *prometheus.HistogramVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -24,12 +26,17 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "parley_gateway_errors_total", Help: "Error replies, by code."}, []string{"code"}),
 		drops: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "parley_gateway_drops_total", Help: "Pushes not written, by reason."}, []string{"reason"}),
+		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "parley_gateway_refusals_total", Help: "Requests refused with RATE_LIMITED before any work, by reason (\"auth_rate\": over auth_rate)."}, []string{"reason"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "parley_gateway_request_seconds", Help: "Time from a request's arrival to its reply, by type.",
 			Buckets: prometheus.ExponentialBuckets(0.0002, 2, 16)}, []string{"type"}),
+		combined: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "parley_gateway_combined_requests", Help: "Requests answered by one database statement, by type (snapshot, auth).",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 10)}, []string{"type"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.connections, m.framesIn, m.framesOut, m.errors, m.drops, m.latency)
+		reg.MustRegister(m.connections, m.framesIn, m.framesOut, m.errors, m.drops, m.refusals, m.latency, m.combined)
 	}
 	return m
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/parley-im/parley/client"
 	"github.com/parley-im/parley/config"
+	"github.com/parley-im/parley/internal/parleytest"
 	"github.com/parley-im/parley/internal/testenv"
 	"github.com/parley-im/parley/wire"
 )
@@ -366,4 +367,64 @@ func (r *rawConn) nextWithin(d time.Duration) (m wire.Message, closed bool) {
 			return m, false
 		}
 	}
+}
+
+// Over the gateway's auth rate (auth_rate, with a burst of auth_burst):
+// auth is answered RATE_LIMITED, rid echoed, with a positive
+// retry_after_ms, and the connection is closed. The check comes before
+// any lookup: an unknown device is refused the same way, not AUTH_FAILED.
+// The refused devices are told different times (a place in line each,
+// spread by jitter), so they do not come back as one wave. Connections
+// already authenticated are not affected, and a device that comes back
+// after its retry_after_ms is served.
+func TestAuthRateLimit(t *testing.T) {
+	env := startEnv(t, func(c *config.Config) { c.AuthRate, c.AuthBurst = 2, 2 })
+	devs := make([]parleytest.Device, 6)
+	for i := range devs {
+		devs[i] = newUser(t, env, "rl")
+	}
+	a, b := dialRaw(t, env), dialRaw(t, env)
+	a.auth(devs[0])
+	b.auth(devs[1]) // the burst is spent
+
+	// Refused: four devices at once, and an unknown one.
+	var refused []*rawConn
+	for range 5 {
+		refused = append(refused, dialRaw(t, env))
+	}
+	for i, r := range refused {
+		dev := "no-such-device"
+		if i < 4 {
+			dev = devs[2+i].ID
+		}
+		r.send(wire.Request{T: wire.TAuth, Rid: fmt.Sprint("rl", i), Device: dev, Token: "whatever"})
+	}
+	waits := map[int64]bool{}
+	var first int64
+	for i, r := range refused {
+		m := r.expectError(wire.RateLimited, fmt.Sprint("rl", i))
+		if m.RetryAfterMs <= 0 || m.RetryAfterMs > 31_000 {
+			t.Fatalf("retry_after_ms = %d", m.RetryAfterMs)
+		}
+		r.expectClosed(3 * time.Second)
+		waits[m.RetryAfterMs] = true
+		if i == 0 {
+			first = m.RetryAfterMs
+		}
+	}
+	if len(waits) < 4 {
+		t.Errorf("5 refused devices were told %v: want different times", waits)
+	}
+
+	// The authenticated connections still work.
+	a.ping()
+	b.ping()
+	// The first refused device, back after retry_after_ms, is served.
+	time.Sleep(time.Duration(first) * time.Millisecond)
+	r := dialRaw(t, env)
+	r.send(wire.Request{T: wire.TAuth, Rid: "again", Device: devs[2].ID, Token: devs[2].Token})
+	if m := r.expect(wire.TAuthOK); m.Rid != "again" || m.Device != devs[2].ID {
+		t.Fatalf("auth after retry_after_ms: %+v", m)
+	}
+	r.ping()
 }

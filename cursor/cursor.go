@@ -50,10 +50,12 @@ type pendingAck struct {
 }
 
 // New starts the group-commit workers.
-func New(st *store.Store, rdb redis.UniversalClient, prefix string, log *slog.Logger, workers, maxBatch int, linger time.Duration) *Cursors {
+//
+// ackSizes and readSizes, if not nil, observe the size of each commit.
+func New(st *store.Store, rdb redis.UniversalClient, prefix string, log *slog.Logger, workers, maxBatch int, linger time.Duration, ackSizes, readSizes batch.Observer) *Cursors {
 	c := &Cursors{st: st, rdb: rdb, prefix: prefix, log: log}
-	c.acks = batch.New(workers, maxBatch, maxBatch*workers*4, linger, c.commit)
-	c.reads = batch.New(workers, maxBatch, maxBatch*workers*4, linger, c.commitReads)
+	c.acks = batch.New(workers, maxBatch, maxBatch*workers*4, linger, c.commit, ackSizes)
+	c.reads = batch.New(workers, maxBatch, maxBatch*workers*4, linger, c.commitReads, readSizes)
 	return c
 }
 

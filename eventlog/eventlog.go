@@ -55,6 +55,12 @@ type SendResult struct {
 type Committed struct {
 	store.Event
 	Device string // the device that caused it, if any (it is not pushed the event)
+	// Members is the conversation's member count at commit (0: unknown).
+	// HaveRecipients says Recipients holds the users whose membership
+	// periods contain Seq, read in the commit itself (small conversations).
+	Members        int64
+	Recipients     []string
+	HaveRecipients bool
 }
 
 // Config tunes the log.
@@ -63,6 +69,14 @@ type Config struct {
 	CommitBatch   int
 	CommitWorkers int
 	CommitLinger  time.Duration
+	// RecipientsBelow: for sends to conversations with fewer members, the
+	// commit also reads the recipients (write_fanout_max).
+	RecipientsBelow int
+	// BatchSizes, if set, observes how many sends each commit carries.
+	BatchSizes batch.Observer
+	// BeforeLeave, if set, runs before a leave commits (fan-out removes
+	// the leaver's devices from the conversation's online index).
+	BeforeLeave func(ctx context.Context, conv, user string) error
 }
 
 // Log is the conversation log of one process.
@@ -101,7 +115,7 @@ type pendingSend struct {
 func New(st *store.Store, seqs *seq.Allocator, cfg Config, log *slog.Logger, onCommit func([]Committed)) *Log {
 	l := &Log{st: st, seqs: seqs, cfg: cfg, log: log, onCommit: onCommit, now: time.Now,
 		members: memberCache{st: st, ttl: 5 * time.Second}}
-	l.sends = batch.New(cfg.CommitWorkers, cfg.CommitBatch, cfg.CommitBatch*cfg.CommitWorkers*4, cfg.CommitLinger, l.commitSends)
+	l.sends = batch.New(cfg.CommitWorkers, cfg.CommitBatch, cfg.CommitBatch*cfg.CommitWorkers*4, cfg.CommitLinger, l.commitSends, cfg.BatchSizes)
 	l.stop = make(chan struct{})
 	l.wg.Add(1)
 	go l.fenceLoop()
@@ -177,7 +191,8 @@ func (l *Log) commitSends(items []*pendingSend) {
 			if r.Err == nil && !r.Dup {
 				m := msgs[i]
 				committed = append(committed, Committed{Device: it.msg.Device, Event: store.Event{
-					Conv: m.Conv, Seq: m.Seq, Kind: store.KindMsg, Sender: m.Sender, Cmid: m.Cmid, Body: m.Body, Ts: m.Ts}})
+					Conv: m.Conv, Seq: m.Seq, Kind: store.KindMsg, Sender: m.Sender, Cmid: m.Cmid, Body: m.Body, Ts: m.Ts},
+					Members: r.Members, Recipients: r.Recipients, HaveRecipients: r.HaveRecipients})
 			}
 		}
 		todo = retry
@@ -215,7 +230,7 @@ func (l *Log) insertBatch(ctx context.Context, items []*pendingSend) ([]store.In
 		msgs[k] = store.NewMessage{Conv: it.msg.Conv, Sender: it.msg.Sender, Cmid: it.msg.Cmid, Body: it.msg.Body, Seq: first[i], Ts: ts}
 		first[i]++
 	}
-	res, err := l.st.InsertMessages(ctx, msgs)
+	res, err := l.st.InsertMessages(ctx, msgs, l.cfg.RecipientsBelow)
 	return res, msgs, err
 }
 
@@ -234,7 +249,7 @@ func (l *Log) insertSplit(ctx context.Context, items []*pendingSend) ([]store.In
 			return nil, nil, err
 		}
 		msgs[i] = store.NewMessage{Conv: it.msg.Conv, Sender: it.msg.Sender, Cmid: it.msg.Cmid, Body: it.msg.Body, Seq: first, Ts: l.now().UnixMilli()}
-		r, err := l.st.InsertMessages(ctx, msgs[i:i+1])
+		r, err := l.st.InsertMessages(ctx, msgs[i:i+1], l.cfg.RecipientsBelow)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -334,7 +349,7 @@ func (l *Log) Create(ctx context.Context, conv, kind, title, actor string, membe
 	if err := l.seqs.Reseed(ctx, conv); err != nil {
 		l.log.Warn("seeding seq counter", "conv", conv, "err", err)
 	}
-	l.committed(ch, store.KindJoin, members, "")
+	l.committed(ch, store.KindJoin, members, "", int64(len(members)))
 	return nil
 }
 
@@ -354,12 +369,12 @@ func (l *Log) AddMembers(ctx context.Context, conv, actor, device string, users 
 		head, err := l.st.Head(ctx, conv)
 		return head, err
 	}
-	var head int64
+	var head, members int64
 	var added []string
 	err := l.membership(ctx, conv, actor, func(ch store.MembershipChange) (err error) {
-		head, added, err = l.st.AddMembers(ctx, ch, users)
+		head, members, added, err = l.st.AddMembers(ctx, ch, users)
 		if err == nil && len(added) > 0 {
-			l.committed(ch, store.KindJoin, added, device)
+			l.committed(ch, store.KindJoin, added, device, members)
 		}
 		return err
 	})
@@ -369,16 +384,27 @@ func (l *Log) AddMembers(ctx context.Context, conv, actor, device string, users 
 // RemoveMember appends a leave event for user (who left, or was removed
 // by actor; "" for the admin API).
 func (l *Log) RemoveMember(ctx context.Context, conv, actor, device, user string) (int64, error) {
-	var head int64
+	var head, members int64
 	err := l.membership(ctx, conv, actor, func(ch store.MembershipChange) (err error) {
-		head, err = l.st.RemoveMember(ctx, ch, user)
+		if l.cfg.BeforeLeave != nil {
+			if err := l.cfg.BeforeLeave(ctx, conv, user); err != nil {
+				return err
+			}
+		}
+		head, members, err = l.st.RemoveMember(ctx, ch, user)
 		l.members.forget(user, conv)
 		if err == nil {
-			l.committed(ch, store.KindLeave, []string{user}, device)
+			l.committed(ch, store.KindLeave, []string{user}, device, members)
 		}
 		return err
 	})
 	return head, err
+}
+
+// IsMember reports whether user is a current member of conv (cached for a
+// few seconds; the commit checks again).
+func (l *Log) IsMember(ctx context.Context, user, conv string) (bool, error) {
+	return l.members.isMember(ctx, user, conv)
 }
 
 func (l *Log) isMember(ctx context.Context, user, conv string) bool {
@@ -403,7 +429,7 @@ func (l *Log) Recall(ctx context.Context, conv, actor, device string, target int
 	err = l.membership(ctx, conv, actor, func(ch store.MembershipChange) (err error) {
 		res, err = l.st.Recall(ctx, ch, target, window.Milliseconds())
 		if err == nil && !res.Again && l.onCommit != nil {
-			l.onCommit([]Committed{{Device: device, Event: store.Event{Conv: conv, Seq: ch.Seq, Kind: store.KindRecall,
+			l.onCommit([]Committed{{Device: device, Members: res.Members, Event: store.Event{Conv: conv, Seq: ch.Seq, Kind: store.KindRecall,
 				Sender: actor, Ts: ch.Ts, Target: target}}})
 		}
 		return err
@@ -446,9 +472,9 @@ func (l *Log) membership(ctx context.Context, conv, actor string, apply func(sto
 	return ErrRetries
 }
 
-func (l *Log) committed(ch store.MembershipChange, kind store.Kind, users []string, device string) {
+func (l *Log) committed(ch store.MembershipChange, kind store.Kind, users []string, device string, members int64) {
 	if l.onCommit == nil {
 		return
 	}
-	l.onCommit([]Committed{{Device: device, Event: store.Event{Conv: ch.Conv, Seq: ch.Seq, Kind: kind, Sender: ch.Actor, Ts: ch.Ts, Users: users}}})
+	l.onCommit([]Committed{{Device: device, Members: members, Event: store.Event{Conv: ch.Conv, Seq: ch.Seq, Kind: kind, Sender: ch.Actor, Ts: ch.Ts, Users: users}}})
 }

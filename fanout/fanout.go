@@ -1,9 +1,15 @@
 // Package fanout delivers committed events to the online devices of the
-// members who may see them. For each batch of events it asks the store
-// who was a member at each event's seq (G1), looks their devices up in
-// the routing table, encodes each push frame once, and hands the frames
-// to the gateways holding those devices: directly to this process's
-// gateway, through Redis pub/sub (package-level Bus) to the others.
+// members who may see them, by tier (seed 003; docs/fanout.md). Push-tier
+// conversations (fewer than write_fanout_max members) fan out by their
+// recipients, the members whose periods contain the event's seq (G1),
+// whose devices it looks up in the routing table; online- and pull-tier
+// conversations fan out from their online index (package route), so a
+// message costs its online devices, not its members. Each push frame is
+// encoded once and handed to the gateways holding the devices: directly
+// to this process's gateway, through Redis pub/sub (Bus) to the others.
+//
+// Per-member conversation rows (Rows) are the durable half: jobs go to a
+// Redis Stream read by a consumer group, reclaimed from dead workers.
 //
 // Pushes are hints with payload: a push that is lost (a gateway died, a
 // device was too slow) is repaired by the client's sync. Fan-out never
@@ -12,9 +18,13 @@ package fanout
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/parley-im/parley/eventlog"
 	"github.com/parley-im/parley/route"
@@ -50,9 +60,16 @@ type Fanout struct {
 	bus    *Bus
 	local  Local
 	log    *slog.Logger
+	rows   *Rows
+	// Tier thresholds (Mode): conversations with fewer than writeMax
+	// members are in the push tier, up to onlineMax in the online tier,
+	// above it in the pull tier.
+	writeMax, onlineMax int
+	metrics             fanoutMetrics
 
-	queue chan []eventlog.Committed
-	wg    sync.WaitGroup
+	queue   chan []eventlog.Committed
+	pending atomic.Int64 // events enqueued and not delivered yet
+	wg      sync.WaitGroup
 
 	// Conversations with commits whose dense_seq watermark has not been
 	// advanced yet; advanceLoop does it once a second (a lagging
@@ -65,9 +82,11 @@ type Fanout struct {
 }
 
 // New starts workers delivery goroutines.
-func New(st *store.Store, routes *route.Table, bus *Bus, local Local, log *slog.Logger, workers int) *Fanout {
-	f := &Fanout{st: st, routes: routes, bus: bus, local: local, log: log, queue: make(chan []eventlog.Committed, 4096),
-		dirty: map[string]bool{}, stop: make(chan struct{})}
+func New(st *store.Store, routes *route.Table, bus *Bus, local Local, rows *Rows, writeMax, onlineMax int, log *slog.Logger, reg prometheus.Registerer, workers int) *Fanout {
+	f := &Fanout{st: st, routes: routes, bus: bus, local: local, rows: rows, writeMax: writeMax, onlineMax: onlineMax, log: log,
+		metrics: newFanoutMetrics(reg),
+		queue:   make(chan []eventlog.Committed, 4096),
+		dirty:   map[string]bool{}, stop: make(chan struct{})}
 	f.wg.Add(workers)
 	for i := 0; i < workers; i++ {
 		go f.work()
@@ -79,7 +98,13 @@ func New(st *store.Store, routes *route.Table, bus *Bus, local Local, log *slog.
 
 // Enqueue queues committed events for delivery. It blocks while the queue
 // is full, which slows committers down rather than losing pushes.
-func (f *Fanout) Enqueue(evs []eventlog.Committed) { f.queue <- evs }
+func (f *Fanout) Enqueue(evs []eventlog.Committed) {
+	f.pending.Add(int64(len(evs)))
+	f.queue <- evs
+}
+
+// Pending is how many enqueued events have not been delivered yet.
+func (f *Fanout) Pending() int64 { return f.pending.Load() }
 
 // Close delivers what is queued and stops the workers.
 func (f *Fanout) Close() {
@@ -156,18 +181,65 @@ func (f *Fanout) work() {
 		}
 		f.markDirty(evs)
 		cancel()
+		f.pending.Add(-int64(len(evs)))
 	}
 }
 
 func (f *Fanout) deliver(ctx context.Context, evs []eventlog.Committed) error {
-	keys := make([]store.ConvSeq, len(evs))
+	var small, big []eventlog.Committed
+	for _, e := range evs {
+		if Mode(e.Members, f.writeMax, f.onlineMax) == "push" {
+			small = append(small, e)
+		} else {
+			big = append(big, e)
+		}
+	}
+	var errs []error
+	if len(small) > 0 {
+		errs = append(errs, f.deliverSmall(ctx, small))
+	}
+	if len(big) > 0 {
+		errs = append(errs, f.deliverBig(ctx, big))
+	}
+	return errors.Join(errs...)
+}
+
+// deliverSmall fans push-tier events out by their recipients: every
+// recipient's devices get the push and every recipient's row is written.
+func (f *Fanout) deliverSmall(ctx context.Context, evs []eventlog.Committed) error {
+	// Recipients: read by the commit for messages to small conversations;
+	// one store query for the rest.
+	recipients := make([][]string, len(evs))
+	var keys []store.ConvSeq
+	var at []int
 	for i, e := range evs {
-		keys[i] = store.ConvSeq{Conv: e.Conv, Seq: e.Seq}
+		if e.HaveRecipients {
+			recipients[i] = e.Recipients
+			continue
+		}
+		keys = append(keys, store.ConvSeq{Conv: e.Conv, Seq: e.Seq})
+		at = append(at, i)
 	}
-	recipients, err := f.st.Recipients(ctx, keys)
-	if err != nil {
-		return err
+	if len(keys) > 0 {
+		rs, err := f.st.Recipients(ctx, keys)
+		if err != nil {
+			return err
+		}
+		for j, i := range at {
+			recipients[i] = rs[j]
+		}
 	}
+	for _, e := range evs {
+		if e.Kind == store.KindLeave && e.Members == int64(f.writeMax)-1 {
+			// The conversation left the big tiers: its online index is
+			// no longer read (it is rebuilt if the group grows again).
+			if err := f.routes.DropOnline(ctx, e.Conv); err != nil {
+				f.log.Debug("dropping online index", "conv", e.Conv, "err", err)
+			}
+		}
+	}
+	// Rows after the pushes: pushes are what a user waits for.
+	defer f.queueRows(ctx, evs, recipients)
 	userSet := map[string]bool{}
 	var users []string
 	for _, rs := range recipients {
@@ -189,7 +261,7 @@ func (f *Fanout) deliver(ctx context.Context, evs []eventlog.Committed) error {
 	for _, e := range entries {
 		byUser[e.User] = append(byUser[e.User], e)
 	}
-	perGateway := map[string][]Delivery{}
+	out := deliveries{}
 	for i, e := range evs {
 		var frame []byte
 		for _, u := range recipients[i] {
@@ -202,17 +274,39 @@ func (f *Fanout) deliver(ctx context.Context, evs []eventlog.Committed) error {
 						return err
 					}
 				}
-				ds := perGateway[r.Gateway]
-				if n := len(ds); n > 0 && &ds[n-1].Frame[0] == &frame[0] {
-					ds[n-1].Targets = append(ds[n-1].Targets, Target{Device: r.Device, Token: r.Token})
-				} else {
-					ds = append(ds, Delivery{Conv: e.Conv, Seq: e.Seq, Frame: frame, Targets: []Target{{Device: r.Device, Token: r.Token}}})
-				}
-				perGateway[r.Gateway] = ds
+				out.add(e.Event, frame, r)
 			}
 		}
 	}
-	for gw, ds := range perGateway {
+	f.dispatch(ctx, evs, out)
+	return nil
+}
+
+// deliveries are push frames grouped by gateway.
+type deliveries map[string][]Delivery
+
+// add addresses frame (e's push) to the device of r.
+func (d deliveries) add(e store.Event, frame []byte, r route.Entry) {
+	ds := d[r.Gateway]
+	if n := len(ds); n > 0 && &ds[n-1].Frame[0] == &frame[0] {
+		ds[n-1].Targets = append(ds[n-1].Targets, Target{Device: r.Device, Token: r.Token})
+	} else {
+		ds = append(ds, Delivery{Conv: e.Conv, Seq: e.Seq, Frame: frame, Targets: []Target{{Device: r.Device, Token: r.Token}}})
+	}
+	d[r.Gateway] = ds
+}
+
+// dispatch hands each gateway its deliveries: this process's directly,
+// the others' over the bus (one message per gateway).
+func (f *Fanout) dispatch(ctx context.Context, evs []eventlog.Committed, out deliveries) {
+	now := time.Now().UnixMilli()
+	for _, e := range evs {
+		f.metrics.latency.Observe(float64(now-e.Ts) / 1000)
+	}
+	for gw, ds := range out {
+		for _, d := range ds {
+			f.metrics.targets.Add(float64(len(d.Targets)))
+		}
 		if gw == f.routes.Gateway() {
 			f.local.Deliver(ds)
 			continue
@@ -221,7 +315,51 @@ func (f *Fanout) deliver(ctx context.Context, evs []eventlog.Committed) error {
 			f.log.Warn("publishing to gateway", "gateway", gw, "err", err)
 		}
 	}
-	return nil
+}
+
+type fanoutMetrics struct {
+	latency   prometheus.Histogram
+	targets   prometheus.Counter
+	events    *prometheus.CounterVec
+	rowWrites *prometheus.CounterVec
+}
+
+func newFanoutMetrics(reg prometheus.Registerer) fanoutMetrics {
+	m := fanoutMetrics{
+		latency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "parley_fanout_delivery_seconds",
+			Help:    "From an event's commit ts to its push frames being handed to the gateways (local or over the bus).",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
+		targets: prometheus.NewCounter(prometheus.CounterOpts{Name: "parley_fanout_push_targets_total",
+			Help: "Devices that push frames were addressed to (before any drop at the gateway)."}),
+		events: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "parley_fanout_events_total",
+			Help: "Committed events fanned out, by tier (push, online, pull)."}, []string{"tier"}),
+		rowWrites: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "parley_fanout_row_jobs_total",
+			Help: "Per-member conversation row writes queued, by tier: write amplification is this over parley_fanout_events_total."}, []string{"tier"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.latency, m.targets, m.events, m.rowWrites)
+	}
+	return m
+}
+
+// queueRows hands the row writes of push-tier events to the durable
+// row writers: every recipient's row of the conversation rises to the
+// event's ts.
+func (f *Fanout) queueRows(ctx context.Context, evs []eventlog.Committed, recipients [][]string) {
+	if f.rows == nil {
+		return
+	}
+	var jobs []RowJob
+	writes := 0
+	for i, e := range evs {
+		if len(recipients[i]) > 0 {
+			jobs = append(jobs, RowJob{Conv: e.Conv, Ts: e.Ts, Users: recipients[i]})
+			writes += len(recipients[i])
+		}
+	}
+	f.metrics.events.WithLabelValues("push").Add(float64(len(evs)))
+	f.metrics.rowWrites.WithLabelValues("push").Add(float64(writes))
+	f.rows.Queue(ctx, jobs)
 }
 
 // PushFrame encodes e as a push frame.

@@ -37,6 +37,11 @@ type Conn struct {
 	hints   map[string]int64 // conv → head of hints not synced yet
 	queued  bool             // c is on r.syncQ
 
+	// Scenario mixed.
+	readWant map[string]int64   // conv → the seq its scheduled read will report (present while one is scheduled)
+	reads    map[uint64]readReq // pipe mode: read rid number → the read awaiting its reply
+	nextRead uint64
+
 	wake chan struct{} // cap 1: the writer has work
 }
 
@@ -161,6 +166,10 @@ func hostOf(addr string) string {
 	return h
 }
 
+// maxAuthRetries bounds how often one device retries an auth refused
+// with RATE_LIMITED.
+const maxAuthRetries = 50
+
 func (r *runner) dial(ctx context.Context, idx int, d Device, dialer *net.Dialer, tracks []*convTrack) (*Conn, error) {
 	c := &Conn{r: r, idx: idx, dev: d, routes: map[string]convRef{}, pending: map[uint64]int64{},
 		body: make([]byte, r.cfg.BodySize), wake: make(chan struct{}, 1)}
@@ -171,11 +180,25 @@ func (r *runner) dial(ctx context.Context, idx int, d Device, dialer *net.Dialer
 		c.body[i] = 'x'
 	}
 	start := r.clk.now()
-	dctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	defer cancel()
-	cc, err := client.Dial(dctx, r.cfg.Addr, d.ID, d.Token, client.DialOptions{OnServerFrame: c.onFrame, Dialer: dialer})
-	if err != nil {
-		return nil, err
+	var cc *client.Conn
+	// RATE_LIMITED (the gateway's auth_rate): again after retry_after_ms,
+	// as a client would.
+	for attempt := 0; ; attempt++ {
+		dctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		var err error
+		cc, err = client.Dial(dctx, r.cfg.Addr, d.ID, d.Token, client.DialOptions{OnServerFrame: c.onFrame, Dialer: dialer})
+		cancel()
+		if wait, limited := retryAfter(err); limited && attempt < maxAuthRetries {
+			r.connectLimited.Add(1)
+			if !sleepCtx(ctx, wait) {
+				return nil, err
+			}
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		break
 	}
 	r.connect.Record(idx, r.clk.now()-start)
 	c.c = cc
@@ -396,7 +419,17 @@ func (c *Conn) writeLoop() {
 func (c *Conn) onFrame(m wire.Message) {
 	r := c.r
 	switch m.T {
+	case wire.TReadOK:
+		if r.mix != nil && isReadRid(m.Rid) {
+			c.readReply(m)
+		} else {
+			r.badReplies.Add(1)
+		}
 	case wire.TSendOK, wire.TError:
+		if r.mix != nil && isReadRid(m.Rid) {
+			c.readReply(m)
+			return
+		}
 		k, ok := parseRid(m.Rid)
 		if !ok {
 			if m.T == wire.TError {
@@ -437,10 +470,17 @@ func (c *Conn) onFrame(m wire.Message) {
 			now := r.clk.now()
 			r.push.Record(c.idx, now-int64(binary.BigEndian.Uint64(m.Body)))
 			storeMax(&r.lastPush, now)
+			if r.mix != nil {
+				c.pushed(m.Conv, m.Cmid, m.Seq, now)
+			}
 		}
 	case wire.THint:
 		r.hints.Add(1)
 		c.hinted(m.Conv, m.Head)
+	case wire.TReadChanged:
+		if r.mix != nil {
+			r.mix.changed.Add(1)
+		}
 	case wire.TKick:
 		r.kicks.Add(1)
 	}
@@ -458,6 +498,10 @@ func (c *Conn) confirmed(m wire.Message, intended int64) {
 		return
 	}
 	r.tracker.Confirmed(ref.track, ref.i, m.Seq, m.Dup)
+	if r.mix != nil && !m.Dup {
+		// The sender's other devices are owed the push too.
+		r.mix.siblingOwed.Add(int64(r.mix.devsOf[r.mix.userOf[c.idx]] - 1))
+	}
 }
 
 // storeMax raises a to v.

@@ -42,8 +42,9 @@ func deviceIDs(devs []Device) []string {
 }
 
 // runGroup is scenario group: Groups groups of Size members (push-tier
-// groups when Size < write_fanout_max), each member one device, every
-// device connected. Send k goes out from member (k / Groups) mod Size of
+// groups when Size < write_fanout_max); GroupOnline members of each
+// (default all) have one device each and are connected, the others are
+// offline members. Send k goes out from member (k / Groups) mod Size of
 // group k mod Groups, so consecutive sends go to different groups and
 // every device sends at Rate / (Groups · Size). Each confirmed send is
 // owed one push to every other member device of its group.
@@ -52,11 +53,25 @@ func runGroup(ctx context.Context, r *runner) error {
 		return err
 	}
 	g, s := r.cfg.Groups, r.cfg.Size
+	o := r.cfg.GroupOnline // members of each group with a device
+	if o == 0 {
+		o = s
+	}
 	n := g * s
 	t0 := time.Now()
-	users, devs, err := r.provisionUsers(ctx, n, n)
+	users, _, err := r.provisionUsers(ctx, n, 0)
 	if err != nil {
 		return err
+	}
+	var devs []Device
+	for i := 0; i < g; i++ {
+		for j := 0; j < o; j++ {
+			u := i*s + j
+			devs = append(devs, Device{ID: r.cfg.Prefix + "d" + strconv.Itoa(u), User: users[u]})
+		}
+	}
+	if devs, err = r.admin.Devices(ctx, devs); err != nil {
+		return fmt.Errorf("provisioning devices: %w", err)
 	}
 	specs := make([]ConvSpec, g)
 	for i := range specs {
@@ -68,23 +83,23 @@ func runGroup(ctx context.Context, r *runner) error {
 	}
 	tracks := make([]*convTrack, g)
 	for i, c := range convs {
-		tracks[i] = r.tracker.Track(c.ID, c.Head, deviceIDs(devs[i*s:(i+1)*s])...)
+		tracks[i] = r.tracker.Track(c.ID, c.Head, deviceIDs(devs[i*o:(i+1)*o])...)
 	}
-	fmt.Fprintf(r.cfg.Out, "provisioned %d users, %d devices, %d groups of %d in %s (prefix %s)\n",
-		n, n, g, s, time.Since(t0).Round(time.Millisecond), r.cfg.Prefix)
+	fmt.Fprintf(r.cfg.Out, "provisioned %d users, %d devices, %d groups of %d (%d online each) in %s (prefix %s)\n",
+		n, len(devs), g, s, o, time.Since(t0).Round(time.Millisecond), r.cfg.Prefix)
 
 	t0 = time.Now()
-	conns, err := r.connectAll(ctx, devs, func(i int) []*convTrack { return tracks[i/s : i/s+1] })
+	conns, err := r.connectAll(ctx, devs, func(i int) []*convTrack { return tracks[i/o : i/o+1] })
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(r.cfg.Out, "connected %d devices in %s\n", n, time.Since(t0).Round(time.Millisecond))
-	r.report.Groups, r.report.GroupSize, r.report.Connections = g, s, n
+	fmt.Fprintf(r.cfg.Out, "connected %d devices in %s\n", len(devs), time.Since(t0).Round(time.Millisecond))
+	r.report.Groups, r.report.GroupSize, r.report.Connections = g, s, len(devs)
 
 	r.load(ctx, func(k, intended int64) {
 		grp := int(k % int64(g))
-		m := int((k / int64(g)) % int64(s))
-		conns[grp*s+m].send(tracks[grp].id, k, intended)
+		m := int((k / int64(g)) % int64(o))
+		conns[grp*o+m].send(tracks[grp].id, k, intended)
 	})
 	return nil
 }

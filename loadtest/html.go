@@ -73,8 +73,15 @@ pre{background:#f6f6f6;padding:8px;overflow:auto}
 		}
 		b.WriteString(svgChart("Deliveries over time", "seconds since start", "deliveries per second",
 			[]chartLine{{"deliveries/s", palette[1], "", deliv}}, false, false))
-		b.WriteString(svgChart("Sends over time", "seconds since start", "per second",
-			[]chartLine{{"sent/s", palette[0], "", sends}, {"confirmed/s", palette[2], "5,4", conf}}, false, false))
+		lines := []chartLine{{"sent/s", palette[0], "", sends}, {"confirmed/s", palette[2], "5,4", conf}}
+		if rep.Mixed != nil {
+			var reads []xy
+			for _, pt := range rep.Timeline {
+				reads = append(reads, xy{pt.T, pt.Reads})
+			}
+			lines = append(lines, chartLine{"read_ok/s", palette[3], "", reads})
+		}
+		b.WriteString(svgChart("Sends over time", "seconds since start", "per second", lines, false, false))
 	}
 	// Server memory over time (idle).
 	var rss []xy
@@ -151,6 +158,15 @@ func (rep *Report) htmlSummary(b *strings.Builder) {
 			add("group", "%d members, %d online, %d senders", rep.Members, rep.Online, rep.Senders)
 		case "direct":
 			add("pairs", "%d", rep.Pairs)
+		case "mixed":
+			if mr := rep.Mixed; mr != nil {
+				add("users / devices", "%d / %d (%.2f per user, %d users with several)", mr.Users, mr.Devices, mr.DevicesPerUser, mr.MultiDeviceUsers)
+				add("conversations", "%d direct (%d per user), %d groups of %d; %.2f per user", mr.Directs, mr.DirectsPerUser, mr.Groups, mr.GroupSize, mr.ConvsPerUser)
+				add("message rate per user", "%.3f/s (%d sends to direct conversations, %d to groups)", mr.MsgsPerUserPerS, mr.DirectSends, mr.GroupSends)
+				add("pushes to the sender's other devices", "%d of %d owed", mr.SiblingPushed, mr.SiblingOwed)
+				add("reads", "p %.2f, %.0f ms later: %d sent, %d read_ok (%.0f/s), %d unsent, %d short, %d read_changed",
+					mr.ReadProb, mr.ReadDelayMs, mr.Reads, mr.ReadOK, mr.ReadsPerS, mr.ReadsUnsent, mr.ReadShort, mr.ReadChanged)
+			}
 		}
 		add("sent / confirmed", "%d / %d (%.0f/s confirmed)", rep.Sent, rep.Confirmed, rep.ConfirmedPerS)
 		add("delivered / expected", "%d / %d (%.0f deliveries/s)", rep.Delivered, rep.Expected, rep.DeliveriesPerS)

@@ -183,16 +183,35 @@ func runIdle(ctx context.Context, r *runner) error {
 					return
 				}
 				t := r.clk.now()
-				dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-				nc, err := dialers[i%len(dialers)].DialContext(dctx, "tcp", r.cfg.Addr)
-				cancel()
-				if err != nil {
-					r.errs.Add("DIAL", 1)
-					continue
+				var nc net.Conn
+				// RATE_LIMITED (the gateway's auth_rate) is answered like a
+				// client would: a new connection after retry_after_ms.
+				for attempt := 0; ; attempt++ {
+					dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+					c, err := dialers[i%len(dialers)].DialContext(dctx, "tcp", r.cfg.Addr)
+					cancel()
+					if err != nil {
+						r.errs.Add("DIAL", 1)
+						break
+					}
+					_, err = roundTrip(c, authFrames[i], &buf, 15*time.Second, &kicks)
+					if wait, limited := retryAfter(err); limited && attempt < maxAuthRetries {
+						c.Close()
+						r.connectLimited.Add(1)
+						if !sleepCtx(ctx, wait) {
+							break
+						}
+						continue
+					}
+					if err != nil {
+						r.errs.Add("AUTH_"+errCode(err), 1)
+						c.Close()
+						break
+					}
+					nc = c
+					break
 				}
-				if _, err := roundTrip(nc, authFrames[i], &buf, 15*time.Second, &kicks); err != nil {
-					r.errs.Add("AUTH_"+errCode(err), 1)
-					nc.Close()
+				if nc == nil {
 					continue
 				}
 				_ = nc.SetDeadline(time.Time{})
@@ -217,7 +236,8 @@ func runIdle(ctx context.Context, r *runner) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	fmt.Fprintf(r.cfg.Out, "connected %d of %d in %.1fs\n", ir.Connected, n, ir.ConnectS)
+	r.report.ConnectRateLimited = r.connectLimited.Load()
+	fmt.Fprintf(r.cfg.Out, "connected %d of %d in %.1fs (%d RATE_LIMITED answers retried)\n", ir.Connected, n, ir.ConnectS, r.report.ConnectRateLimited)
 	if ir.ServerRSSConnected, err = rss(ctx); err != nil {
 		r.note("reading the server's RSS after connecting: %v", err)
 	}

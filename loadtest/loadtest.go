@@ -9,7 +9,7 @@
 // pushed exactly once to every other online member device), records HDR
 // histograms, and reports server CPU per send beside throughput.
 //
-// A scenario (direct, group, large, idle, storm; later mixed) is a
+// A scenario (direct, group, large, idle, storm, mixed) is a
 // function over a runner, which offers the building blocks: provision,
 // connect, pace, drain, report.
 package loadtest
@@ -39,6 +39,8 @@ const (
 	MaxSources  = 254
 	MaxConns    = 200_000   // connections of one run (idle, storm, group, large online)
 	MaxMembers  = 1_000_000 // members of the large scenario's group
+	// MaxDevicesPerUser bounds the mixed scenario's -devices-per-user.
+	MaxDevicesPerUser = 8
 	// DefaultMaxInflight caps the sends waiting for a reply across the run;
 	// a send due beyond it is not made and counts as CLIENT_BACKLOG.
 	DefaultMaxInflight = 1_000_000
@@ -89,8 +91,14 @@ type Config struct {
 
 	// Scenario group: Groups groups of Size members, one device each.
 	// Scenario storm: conversations of Size members (default 5).
-	Groups int // default 50
-	Size   int // default 20 (group), 5 (storm)
+	// Scenario mixed: Groups groups of Size members drawn at random from
+	// its users (default Users / Size, so a user is in about one group;
+	// negative: no groups).
+	Groups int // default 50 (group), Users / Size (mixed)
+	Size   int // default 20 (group, mixed), 5 (storm)
+	// GroupOnline (scenario group): members of each group that have a
+	// device and connect; the others are offline members. 0: all.
+	GroupOnline int
 
 	// Scenario large: one group of Members members, Online of them
 	// connected, Senders of those sending.
@@ -111,6 +119,21 @@ type Config struct {
 	Devices  int // default 2000
 	ConvsPer int // default 3
 	Msgs     int // default 5
+
+	// Scenario mixed: Users users with DevicesPerUser devices each on
+	// average (each user ⌊D⌋ or ⌈D⌉, spread evenly), every user in
+	// Directs direct conversations, plus the groups above. A send goes
+	// from a random user to one of its conversations from one of its
+	// devices. A device that is pushed a message reads the conversation
+	// (a `read` up to the newest seq it was pushed) with probability
+	// ReadProb, ReadDelay (±50 %) later; while one read of a
+	// conversation is scheduled on a device, later pushes only raise
+	// its seq.
+	Users          int           // default 1000
+	DevicesPerUser float64       // default 1.6, 1 to MaxDevicesPerUser
+	Directs        int           // direct conversations per user (default 4; negative: none)
+	ReadProb       float64       // default 0.3; negative: never read
+	ReadDelay      time.Duration // default 1s; negative: read at once
 
 	Out  io.Writer // live line and notes (nil: discarded)
 	Live LiveMode
@@ -142,14 +165,32 @@ func (c *Config) setDefaults() {
 	if c.Pairs == 0 {
 		c.Pairs = 100
 	}
-	if c.Groups == 0 {
-		c.Groups = 50
-	}
 	if c.Size == 0 {
 		c.Size = 20
 		if c.Scenario == "storm" {
 			c.Size = 5
 		}
+	}
+	if c.Users == 0 {
+		c.Users = 1000
+	}
+	if c.Groups == 0 {
+		c.Groups = 50
+		if c.Scenario == "mixed" {
+			c.Groups = max(1, c.Users/max(c.Size, 1))
+		}
+	}
+	if c.DevicesPerUser == 0 {
+		c.DevicesPerUser = 1.6
+	}
+	if c.Directs == 0 {
+		c.Directs = 4
+	}
+	if c.ReadProb == 0 {
+		c.ReadProb = 0.3
+	}
+	if c.ReadDelay == 0 {
+		c.ReadDelay = time.Second
 	}
 	if c.Members == 0 {
 		c.Members = 10000
@@ -218,8 +259,14 @@ func (c *Config) Validate() error {
 	if c.Pairs < 1 || c.Pairs > MaxPairs {
 		bad("pairs must be 1 to %d", MaxPairs)
 	}
-	if c.Groups < 1 || c.Size < 2 || int64(c.Groups)*int64(c.Size) > MaxConns {
+	if c.Groups < 1 && !(c.Scenario == "mixed" && c.Groups < 0) || c.Size < 2 || int64(c.Groups)*int64(c.Size) > MaxConns {
 		bad("groups × size must be at most %d, with at least 2 members a group", MaxConns)
+	}
+	if c.GroupOnline < 0 || c.GroupOnline > c.Size || c.GroupOnline == 1 {
+		bad("group-online must be 2 to size (0: all)")
+	}
+	if c.Scenario == "mixed" {
+		c.validateMixed(bad)
 	}
 	if c.Members < 2 || c.Members > MaxMembers {
 		bad("members must be 2 to %d", MaxMembers)
@@ -298,10 +345,11 @@ var scenarios = map[string]func(context.Context, *runner) error{
 	"large":  runLarge,
 	"idle":   runIdle,
 	"storm":  runStorm,
+	"mixed":  runMixed,
 }
 
 // sendScenarios are the scenarios that pace sends (and need -rate).
-var sendScenarios = map[string]bool{"direct": true, "group": true, "large": true}
+var sendScenarios = map[string]bool{"direct": true, "group": true, "large": true, "mixed": true}
 
 // Scenarios lists the scenario names.
 func Scenarios() []string {
@@ -355,8 +403,14 @@ type runner struct {
 	hints      atomic.Int64
 	kicks      atomic.Int64
 	badReplies atomic.Int64 // replies with a rid the tool does not know
-	fdLimit    int64
-	notes      []string
+	// Auths answered RATE_LIMITED while connecting, retried (not errors).
+	connectLimited atomic.Int64
+	// The server's fan-out stream backlog, sampled each second (-metrics).
+	backlogPeak atomic.Int64
+	backlogSeen atomic.Bool
+	fdLimit     int64
+	notes       []string
+	mix         *mixState // scenario mixed: reads and multi-device figures; set before connecting
 
 	mu    sync.Mutex // guards conns
 	conns []*Conn

@@ -27,9 +27,15 @@ func (r *runner) load(ctx context.Context, fire func(k, intended int64)) {
 	for range syncers {
 		r.goroutine(func() { r.syncer(syncCtx) })
 	}
+	if r.mix != nil {
+		r.goroutine(func() { r.mix.run(r) })
+	}
 
 	start, end := r.pace(ctx, fire)
 	drainEnd := r.drain(ctx)
+	if r.mix != nil {
+		r.report.Mixed.ReadsUnsent = r.mix.stop()
+	}
 	close(ackDone)
 	stopSync()
 
@@ -73,12 +79,13 @@ func (r *runner) pace(ctx context.Context, fire func(k, intended int64)) (start,
 	return start, end
 }
 
-// drain waits up to cfg.Drain for every reply and every owed push, and
-// returns when it stopped waiting.
+// drain waits up to cfg.Drain for every reply and every owed push (and,
+// in mixed, every scheduled read and its reply), and returns when it
+// stopped waiting.
 func (r *runner) drain(ctx context.Context) int64 {
 	deadline := r.clk.now() + int64(r.cfg.Drain)
 	for r.clk.now() < deadline && ctx.Err() == nil {
-		if r.inflight.Load() == 0 && r.tracker.Matched() {
+		if r.inflight.Load() == 0 && r.tracker.Matched() && (r.mix == nil || r.mix.idle()) {
 			if _, lost, _ := r.tracker.Check(0); lost == 0 {
 				break
 			}

@@ -67,6 +67,10 @@ type Report struct {
 	PushMs        Summary `json:"push_ms"`         // send → push at the receiver, from the intended start
 	ScheduleLagMs Summary `json:"schedule_lag_ms"` // intended start → issued by the pacer
 	ConnectMs     Summary `json:"connect_ms"`      // dial + auth
+	// Mixed: read → read_ok, from the read's intended time, and read_ok
+	// replies per second of the send window.
+	ReadOKMs  *Summary `json:"read_ok_ms,omitempty"`
+	ReadsPerS *float64 `json:"reads_per_s,omitempty"`
 
 	ServerCPUUsPerSend     *float64 `json:"server_cpu_us_per_send"` // null without -server-pid
 	ServerCPUUsPerDelivery *float64 `json:"server_cpu_us_per_delivery"`
@@ -74,9 +78,20 @@ type Report struct {
 	ClientCPUUsPerDelivery *float64 `json:"client_cpu_us_per_delivery"`
 	CPU                    []CPUUse `json:"cpu,omitempty"`
 
-	// Idle and Storm are the results of those scenarios.
+	// ConnectRateLimited counts auths the server answered RATE_LIMITED
+	// while the tool connected its devices (auth_rate); each was retried
+	// after retry_after_ms and is not an error.
+	ConnectRateLimited int64 `json:"connect_rate_limited"`
+
+	// FanoutBacklogPeak is the highest parley_fanout_backlog sampled during
+	// the run (with -metrics): how far the server's durable fan-out fell
+	// behind.
+	FanoutBacklogPeak *int64 `json:"fanout_backlog_peak,omitempty"`
+
+	// Idle, Storm and Mixed are those scenarios' own results.
 	Idle  *IdleReport  `json:"idle,omitempty"`
 	Storm *StormReport `json:"storm,omitempty"`
+	Mixed *MixedReport `json:"mixed,omitempty"`
 
 	// Latency is every latency metric of the run (send_ok and push again,
 	// and the scenario's own: ping, reconnect, …); Timeline their
@@ -104,11 +119,14 @@ type CPUUse struct {
 // exit status of parley-load).
 // For idle, a connection that failed or dropped fails the run; for
 // storm, any error but RATE_LIMITED (which is retried) and any snapshot
-// that did not carry what it should.
+// that did not carry what it should; for mixed, also a read_ok whose
+// read position is below what the device reported.
 func (rep *Report) Failed() bool {
 	switch {
 	case rep.Lost > 0 || rep.Duplicated > 0:
 		return true
+	case rep.Mixed != nil:
+		return rep.Mixed.ReadShort > 0
 	case rep.Idle != nil:
 		return rep.Idle.Failed > 0 || rep.Idle.Dropped > 0
 	case rep.Storm != nil:
@@ -142,6 +160,11 @@ func (rep *Report) WriteTable(w io.Writer) {
 	case "large":
 		fmt.Fprintf(w, "one group of %d members, %d online, %d sending: each send is owed %d pushes\n",
 			rep.Members, rep.Online, rep.Senders, rep.Online-1)
+	case "mixed":
+		if mr := rep.Mixed; mr != nil {
+			fmt.Fprintf(w, "%d users, %d devices (%.2f per user, %d users with several), %d direct conversations (%d per user), %d groups of %d; %.2f conversations and %.3f msgs/s per user\n",
+				mr.Users, mr.Devices, mr.DevicesPerUser, mr.MultiDeviceUsers, mr.Directs, mr.DirectsPerUser, mr.Groups, mr.GroupSize, mr.ConvsPerUser, mr.MsgsPerUserPerS)
+		}
 	}
 	fmt.Fprintf(w, "sent %d (%.0f/s)  confirmed %d (%.0f/s)  delivered %d (%.0f/s)  lost %d  duplicated %d\n",
 		rep.Sent, rep.SendsPerS, rep.Confirmed, rep.ConfirmedPerS, rep.Delivered, rep.DeliveriesPerS, rep.Lost, rep.Duplicated)
@@ -157,8 +180,25 @@ func (rep *Report) WriteTable(w io.Writer) {
 	}
 	fmt.Fprintf(w, "errors: %s   acks %d  hints %d (synced %d pages, %d deliveries)  kicks %d  disconnects %d  unconfirmed deliveries %d\n",
 		strings.Join(errs, " "), rep.Acks, rep.Hints, rep.Syncs, rep.Synced, rep.Kicks, rep.Disconnects, rep.DeliveredUnconfirmed)
+	if mr := rep.Mixed; mr != nil {
+		fmt.Fprintf(w, "sends: %d to direct conversations, %d to groups; pushes to the sender's other devices %d of %d owed\n",
+			mr.DirectSends, mr.GroupSends, mr.SiblingPushed, mr.SiblingOwed)
+		if mr.ReadProb > 0 {
+			fmt.Fprintf(w, "reads (p %.2f, %.0f ms later): scheduled %d  sent %d  read_ok %d (%.0f/s)  unsent %d  short %d  read_changed %d\n",
+				mr.ReadProb, mr.ReadDelayMs, mr.ReadsScheduled, mr.Reads, mr.ReadOK, mr.ReadsPerS, mr.ReadsUnsent, mr.ReadShort, mr.ReadChanged)
+		} else {
+			fmt.Fprintln(w, "reads: off (-read-prob 0)")
+		}
+	}
+	if rep.FanoutBacklogPeak != nil {
+		fmt.Fprintf(w, "fan-out stream backlog: peak %d jobs (parley_fanout_backlog, sampled each second)\n", *rep.FanoutBacklogPeak)
+	}
 	rep.writeCPU(w)
-	writeLatency(w, []latRow{{"send_ok_ms", rep.SendOKMs}, {"push_ms", rep.PushMs}, {"schedule_lag_ms", rep.ScheduleLagMs}, {"connect_ms", rep.ConnectMs}}...)
+	rows := []latRow{{"send_ok_ms", rep.SendOKMs}, {"push_ms", rep.PushMs}}
+	if rep.ReadOKMs != nil && rep.ReadOKMs.Count > 0 {
+		rows = append(rows, latRow{"read_ok_ms", *rep.ReadOKMs})
+	}
+	writeLatency(w, append(rows, latRow{"schedule_lag_ms", rep.ScheduleLagMs}, latRow{"connect_ms", rep.ConnectMs})...)
 	rep.writeNotes(w)
 }
 
@@ -211,25 +251,38 @@ func (r *runner) finish(start, end, drainEnd int64, cpu map[string]time.Duration
 	rep.FDLimit = r.fdLimit
 	rep.RunPrefix = r.cfg.Prefix
 	rep.Addr = r.cfg.Addr
+	rep.ConnectRateLimited = r.connectLimited.Load()
+	if r.backlogSeen.Load() {
+		peak := r.backlogPeak.Load()
+		rep.FanoutBacklogPeak = &peak
+	}
 
 	// Replies still owed.
 	var unanswered, closed int64
 	r.mu.Lock()
 	conns := r.conns
 	r.mu.Unlock()
+	var readsUnanswered, readsClosed int64
 	for _, c := range conns {
 		if c.dead() {
 			rep.Disconnects++
 			closed += c.unanswered()
+			readsClosed += c.unansweredReads()
 		} else {
 			unanswered += c.unanswered()
+			readsUnanswered += c.unansweredReads()
 		}
 	}
 	if r.cfg.Client == ClientDo {
 		unanswered = r.inflight.Load()
+		if r.mix != nil {
+			readsUnanswered = r.mix.inflight.Load()
+		}
 	}
 	r.errs.Add("NO_REPLY", unanswered)
 	r.errs.Add("CONN_CLOSED", closed)
+	r.errs.Add("READ_NO_REPLY", readsUnanswered)
+	r.errs.Add("READ_CONN_CLOSED", readsClosed)
 
 	t := r.tracker
 	rep.Sent = r.sent.Load()
@@ -261,6 +314,9 @@ func (r *runner) finish(start, end, drainEnd int64, cpu map[string]time.Duration
 	rep.PushMs = Summarize(r.push.Total())
 	rep.ScheduleLagMs = Summarize(r.lag.Total())
 	rep.ConnectMs = Summarize(r.connect.Total())
+	if r.mix != nil {
+		r.finishMixed(float64(end-start) / 1e9)
+	}
 
 	r.cpuReport(float64(drainEnd-start)/1e9, cpu, self, rep.Confirmed, rep.Delivered)
 	if lag := rep.ScheduleLagMs; lag.P99 > 5 {

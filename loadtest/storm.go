@@ -26,21 +26,22 @@ type StormReport struct {
 	ConvsPerDevice int     `json:"convs_per_device"`
 	GroupSize      int     `json:"group_size"`
 	MsgsPerConv    int     `json:"msgs_per_conv"`
-	ConnectS       float64 `json:"connect_s"`         // the first connect of every device, before the storm
-	SeedS          float64 `json:"seed_s"`            // sending the messages
-	Seeded         int64   `json:"seeded"`            // messages confirmed
-	SeedLimited    int64   `json:"seed_rate_limited"` // RATE_LIMITED answers while seeding, retried
+	ConnectS       float64 `json:"connect_s"`            // the first connect of every device, before the storm
+	ConnectLimited int64   `json:"connect_rate_limited"` // RATE_LIMITED answers to those auths, retried
+	SeedS          float64 `json:"seed_s"`               // sending the messages
+	Seeded         int64   `json:"seeded"`               // messages confirmed
+	SeedLimited    int64   `json:"seed_rate_limited"`    // RATE_LIMITED answers while seeding, retried
 
 	// The storm: every device reconnects at the same instant (t0), then
 	// authenticates and sends one snapshot of all its conversations.
-	WallMs      float64 `json:"wall_ms"`      // t0 → the last snapshot_ok
-	Finished    int64   `json:"finished"`     // devices that got their snapshot
-	Failed      int64   `json:"failed"`       // devices that did not (by code in errors)
-	RateLimited int64   `json:"rate_limited"` // RATE_LIMITED answers, each retried after retry_after_ms; not errors
-	Retries     int64   `json:"retries"`      // requests sent again after RATE_LIMITED
-	ReconnectMs Summary `json:"reconnect_ms"` // per device: t0 → snapshot_ok
-	AuthMs      Summary `json:"auth_ms"`      // per device: t0 → auth_ok
-	SnapshotMs  Summary `json:"snapshot_ms"`  // per device: snapshot sent → snapshot_ok
+	WallMs      float64 `json:"wall_ms"`              // t0 → the last snapshot_ok: every device finished (if none failed)
+	Finished    int64   `json:"finished"`             // devices that got their snapshot
+	Failed      int64   `json:"failed"`               // devices that did not (by code in errors)
+	RateLimited int64   `json:"rate_limited"`         // RATE_LIMITED answers (auth or snapshot); not errors
+	Retries     int64   `json:"rate_limited_retries"` // requests sent again after retry_after_ms because of them
+	ReconnectMs Summary `json:"reconnect_ms"`         // per device: t0 → snapshot_ok
+	AuthMs      Summary `json:"auth_ms"`              // per device: t0 → auth_ok
+	SnapshotMs  Summary `json:"snapshot_ms"`          // per device: snapshot sent → snapshot_ok
 
 	SnapshotItems      int64 `json:"snapshot_items"`
 	SnapshotEvents     int64 `json:"snapshot_events"`
@@ -77,6 +78,18 @@ func retryAfter(err error) (time.Duration, bool) {
 		return 0, false
 	}
 	return time.Duration(max(e.RetryAfterMs, 1)) * time.Millisecond, true
+}
+
+// sleepCtx waits d; false if ctx ended first.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // dialCode names a failed client.Dial.
@@ -169,25 +182,36 @@ func runStorm(ctx context.Context, r *runner) error {
 	}
 	defer closeAll()
 
-	// 1. Connect every device.
+	// 1. Connect every device (RATE_LIMITED: after retry_after_ms, again).
 	t0 = time.Now()
+	var connectLimited atomic.Int64
 	if err := parallel(ctx, n, connectParallel, func(i int) error {
-		cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 		defer cancel()
 		start := r.clk.now()
-		c, err := client.Dial(cctx, r.cfg.Addr, devs[i].ID, devs[i].Token, opts(i))
-		if err != nil {
-			return fmt.Errorf("connecting device %s: %w", devs[i].ID, err)
+		for {
+			c, err := client.Dial(cctx, r.cfg.Addr, devs[i].ID, devs[i].Token, opts(i))
+			if wait, limited := retryAfter(err); limited {
+				connectLimited.Add(1)
+				if !sleepCtx(cctx, wait) {
+					return fmt.Errorf("connecting device %s: %w", devs[i].ID, err)
+				}
+				continue
+			}
+			if err != nil {
+				return fmt.Errorf("connecting device %s: %w", devs[i].ID, err)
+			}
+			r.connect.Record(i, r.clk.now()-start)
+			conns[i] = c
+			return nil
 		}
-		r.connect.Record(i, r.clk.now()-start)
-		conns[i] = c
-		return nil
 	}); err != nil {
 		return err
 	}
 	sr.ConnectS = round3(time.Since(t0).Seconds())
+	sr.ConnectLimited = connectLimited.Load()
 	rep.ConnectMs = Summarize(r.connect.Total())
-	fmt.Fprintf(r.cfg.Out, "connected %d devices in %.1fs\n", n, sr.ConnectS)
+	fmt.Fprintf(r.cfg.Out, "connected %d devices in %.1fs (%d RATE_LIMITED answers retried)\n", n, sr.ConnectS, sr.ConnectLimited)
 
 	// 2. Send Msgs messages to every conversation, from its members in
 	// turn.
@@ -255,9 +279,10 @@ func runStorm(ctx context.Context, r *runner) error {
 			c, err = client.Dial(sctx, r.cfg.Addr, devs[i].ID, devs[i].Token, opts(i))
 			if wait, ok := retryAfter(err); ok {
 				limited.Add(1)
-				retries.Add(1)
-				time.Sleep(wait)
-				continue
+				if sleepCtx(sctx, wait) {
+					retries.Add(1)
+					continue
+				}
 			}
 			if err != nil {
 				r.errs.Add("AUTH_"+dialCode(err), 1)
@@ -273,9 +298,10 @@ func runStorm(ctx context.Context, r *runner) error {
 			m, err := c.Snapshot(sctx, requests[i])
 			if wait, ok := retryAfter(err); ok {
 				limited.Add(1)
-				retries.Add(1)
-				time.Sleep(wait)
-				continue
+				if sleepCtx(sctx, wait) {
+					retries.Add(1)
+					continue
+				}
 			}
 			if err != nil {
 				r.errs.Add("SNAPSHOT_"+errCode(err), 1)
@@ -284,14 +310,15 @@ func runStorm(ctx context.Context, r *runner) error {
 			}
 			now := r.clk.now()
 			snap.Record(i, now-sent)
-			total.Record(i, now-start)
-			storeMax(&lastDone, now)
+			bad := false
 			for _, it := range m.Items {
 				items.Add(1)
 				events.Add(int64(len(it.Events)))
 				if it.Error != "" {
+					// An item the device could not resync: the device failed.
 					itemErrs.Add(1)
 					r.errs.Add("ITEM_"+it.Error, 1)
+					bad = true
 					continue
 				}
 				j, ok := convIndex[it.Conv]
@@ -306,6 +333,12 @@ func runStorm(ctx context.Context, r *runner) error {
 			if len(m.Items) != len(requests[i]) {
 				mismatch.Add(1)
 			}
+			if bad {
+				failed.Add(1)
+				return
+			}
+			total.Record(i, now-start)
+			storeMax(&lastDone, now)
 			finished.Add(1)
 			return
 		}
@@ -354,6 +387,9 @@ func runStorm(ctx context.Context, r *runner) error {
 			v := round3(u.CPUSeconds * 1e6 / float64(sr.Finished))
 			sr.ServerCPUUsPerDevice = &v
 		}
+	}
+	if sr.Failed > 0 {
+		r.note("%d devices failed: wall_ms is the time until the last of the %d others finished", sr.Failed, sr.Finished)
 	}
 	if sr.SnapshotMismatch > 0 {
 		r.note("%d snapshot items did not carry what was committed (head or event count)", sr.SnapshotMismatch)

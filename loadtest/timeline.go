@@ -21,12 +21,16 @@ type series struct {
 // scenarios): the throughput and the latency percentiles of what was
 // recorded in it (by the time a reply or push arrived).
 type TimelinePoint struct {
-	T          float64                `json:"t"` // seconds since the start, at the interval's end
-	Sends      float64                `json:"sends_per_s,omitempty"`
-	Confirmed  float64                `json:"confirmed_per_s,omitempty"`
-	Deliveries float64                `json:"deliveries_per_s,omitempty"`
-	ServerRSS  int64                  `json:"server_rss_bytes,omitempty"` // idle: the server's RSS at the interval's end
-	Latency    map[string]IntervalPct `json:"latency_ms"`
+	T          float64 `json:"t"` // seconds since the start, at the interval's end
+	Sends      float64 `json:"sends_per_s,omitempty"`
+	Confirmed  float64 `json:"confirmed_per_s,omitempty"`
+	Deliveries float64 `json:"deliveries_per_s,omitempty"`
+	Reads      float64 `json:"reads_per_s,omitempty"`      // mixed: read_ok replies
+	ServerRSS  int64   `json:"server_rss_bytes,omitempty"` // idle: the server's RSS at the interval's end
+	// FanoutBacklog is parley_fanout_backlog at the interval's end (with
+	// -metrics): row-write jobs waiting in the server's fan-out stream.
+	FanoutBacklog *int64                 `json:"fanout_backlog,omitempty"`
+	Latency       map[string]IntervalPct `json:"latency_ms"`
 }
 
 // IntervalPct is one metric's percentiles over one interval, in ms.
@@ -69,7 +73,7 @@ func (r *runner) sampler(start int64, tick time.Duration, done <-chan struct{}, 
 	defer close(stopped)
 	t := time.NewTicker(tick)
 	defer t.Stop()
-	var lastSent, lastConf, lastDeliv int64
+	var lastSent, lastConf, lastDeliv, lastReads int64
 	last := start
 	sample := func() {
 		now := r.clk.now()
@@ -83,8 +87,23 @@ func (r *runner) sampler(start int64, tick time.Duration, done <-chan struct{}, 
 			Sends: round3(float64(sent-lastSent) / dt), Confirmed: round3(float64(conf-lastConf) / dt),
 			Deliveries: round3(float64(deliv-lastDeliv) / dt)}
 		lastSent, lastConf, lastDeliv = sent, conf, deliv
+		if r.mix != nil {
+			reads := r.mix.readsOK.Load()
+			pt.Reads = round3(float64(reads-lastReads) / dt)
+			lastReads = reads
+		}
 		if r.rss != nil {
 			pt.ServerRSS, _ = r.rss(context.Background())
+		}
+		if r.cfg.MetricsURL != "" && r.cfg.Scenario != "idle" {
+			ctx, cancel := context.WithTimeout(context.Background(), tick/2)
+			if v, err := scrapeMetric(ctx, r.cfg.MetricsURL, "parley_fanout_backlog"); err == nil {
+				n := int64(v)
+				pt.FanoutBacklog = &n
+				r.backlogPeak.Store(max(r.backlogPeak.Load(), n))
+				r.backlogSeen.Store(true)
+			}
+			cancel()
 		}
 		for _, s := range r.series {
 			h := s.h.Interval()
@@ -130,6 +149,9 @@ func (r *runner) liveLine(pt TimelinePoint) string {
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "%5.1fs  sent %6.0f/s  confirmed %6.0f/s  delivered %7.0f/s", pt.T, pt.Sends, pt.Confirmed, pt.Deliveries)
+	if r.mix != nil {
+		fmt.Fprintf(&b, "  reads %6.0f/s", pt.Reads)
+	}
 	for _, s := range r.series {
 		fmt.Fprintf(&b, "  %s p99 %7.2fms", s.name, pt.Latency[s.name].P99)
 	}

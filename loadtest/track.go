@@ -154,7 +154,10 @@ func (t *Tracker) Confirmed(c *convTrack, i int, seq int64, dup bool) {
 }
 
 // Pushed records a push of a msg event at seq to member i. It reports
-// whether the push was new (neither a duplicate nor the device's own send).
+// whether the push was a new delivery: neither a duplicate, nor the
+// device's own send, nor an event the device already read by a sync
+// after a hint (a push that raced that sync: its latency is not a
+// delivery's).
 func (t *Tracker) Pushed(c *convTrack, i int, seq int64) bool {
 	m := c.members[i]
 	m.mu.Lock()
@@ -170,9 +173,10 @@ func (t *Tracker) Pushed(c *convTrack, i int, seq int64) bool {
 		// The sending device gets send_ok instead of a push (PROTOCOL.md §4).
 		t.unexpected.Add(1)
 		return false
-	case !synced:
-		t.delivered.Add(1)
+	case synced:
+		return false
 	}
+	t.delivered.Add(1)
 	return true
 }
 

@@ -156,21 +156,9 @@ func (t *Table) filterLive(ctx context.Context, es []Entry) ([]Entry, error) {
 	}
 	t.mu.Unlock()
 	if len(stale) > 0 {
-		cmds := make([]*redis.StringCmd, len(stale))
-		_, err := t.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for i, gw := range stale {
-				cmds[i] = p.Get(ctx, t.leaseKey(gw))
-			}
-			return nil
-		})
-		if err != nil && !errors.Is(err, redis.Nil) {
-			return nil, fmt.Errorf("route: %w", err)
+		if _, err := t.readLeases(ctx, stale); err != nil {
+			return nil, err
 		}
-		t.mu.Lock()
-		for i, gw := range stale {
-			t.alive[gw] = liveness{boot: cmds[i].Val(), checked: now}
-		}
-		t.mu.Unlock()
 	}
 	live := es[:0]
 	var dead []Entry
@@ -187,11 +175,79 @@ func (t *Table) filterLive(ctx context.Context, es []Entry) ([]Entry, error) {
 		}
 	}
 	t.mu.Unlock()
-	for _, e := range dead {
-		// Reap: only removes the entry if no newer connection replaced it.
-		_ = t.Unregister(ctx, e.User, e.Device, e.Token)
+	if len(dead) > 0 {
+		live = append(live, t.reap(ctx, dead)...)
 	}
 	return live, nil
+}
+
+// readLeases reads the leases of gws (boot id, "" if gone) and caches them.
+func (t *Table) readLeases(ctx context.Context, gws []string) (map[string]string, error) {
+	cmds := make([]*redis.StringCmd, len(gws))
+	_, err := t.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, gw := range gws {
+			cmds[i] = p.Get(ctx, t.leaseKey(gw))
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("route: %w", err)
+	}
+	// A pipeline reports only its first error: on a cluster, a missing
+	// lease (redis.Nil) on one shard can hide a failed read on another.
+	// A lease that could not be read must not count as gone (its
+	// gateway's entries would be reaped).
+	for _, c := range cmds {
+		if err := c.Err(); err != nil && !errors.Is(err, redis.Nil) {
+			return nil, fmt.Errorf("route: %w", err)
+		}
+	}
+	now := time.Now()
+	boots := make(map[string]string, len(gws))
+	t.mu.Lock()
+	for i, gw := range gws {
+		boots[gw] = cmds[i].Val()
+		t.alive[gw] = liveness{boot: boots[gw], checked: now}
+	}
+	t.mu.Unlock()
+	return boots, nil
+}
+
+// reap removes the routing entries of dead (each only if no newer
+// connection replaced it) and returns those found alive after all. The
+// leases of other gateways are read again first, not taken from the cache:
+// a gateway whose lease lapsed (Redis lost it, or a failover outlasted it)
+// renews it and then re-registers its connections, and a view up to a
+// second old must not remove those fresh entries.
+func (t *Table) reap(ctx context.Context, dead []Entry) []Entry {
+	var gws []string
+	seen := map[string]bool{}
+	for _, e := range dead {
+		if e.Gateway != t.gateway && !seen[e.Gateway] {
+			seen[e.Gateway] = true
+			gws = append(gws, e.Gateway)
+		}
+	}
+	var boots map[string]string
+	if len(gws) > 0 {
+		var err error
+		if boots, err = t.readLeases(ctx, gws); err != nil {
+			return nil // reap nothing on a doubt
+		}
+	}
+	var alive []Entry
+	for _, e := range dead {
+		boot := t.boot
+		if e.Gateway != t.gateway {
+			boot = boots[e.Gateway]
+		}
+		if boot != "" && boot == e.Boot {
+			alive = append(alive, e)
+			continue
+		}
+		_ = t.Unregister(ctx, e.User, e.Device, e.Token)
+	}
+	return alive
 }
 
 func parseEntry(user, device, val string) (Entry, bool) {

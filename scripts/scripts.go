@@ -1,6 +1,6 @@
 // Package scripts holds Parley's Redis Lua scripts (one .lua file each,
 // headed by its KEYS and ARGV), embedded and wrapped once. Load preloads
-// them at start-up (on every shard of a cluster). Script.Run falls back to
+// them at start-up (on every node of a cluster). Script.Run falls back to
 // EVAL on NOSCRIPT by itself, but not inside a pipeline (go-redis issue
 // #3228): RunPipelined reloads the scripts and retries.
 //
@@ -13,6 +13,7 @@ import (
 	_ "embed"
 	"errors"
 	"strings"
+	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -28,35 +29,50 @@ var (
 	routeSetSrc string
 	//go:embed route_del.lua
 	routeDelSrc string
+	//go:embed online_del.lua
+	onlineDelSrc string
 )
 
 // The scripts.
 var (
-	SeqAlloc = redis.NewScript(seqAllocSrc)
-	SeqFloor = redis.NewScript(seqFloorSrc)
-	HashMax  = redis.NewScript(hashMaxSrc)
-	RouteSet = redis.NewScript(routeSetSrc)
-	RouteDel = redis.NewScript(routeDelSrc)
+	SeqAlloc  = redis.NewScript(seqAllocSrc)
+	SeqFloor  = redis.NewScript(seqFloorSrc)
+	HashMax   = redis.NewScript(hashMaxSrc)
+	RouteSet  = redis.NewScript(routeSetSrc)
+	RouteDel  = redis.NewScript(routeDelSrc)
+	OnlineDel = redis.NewScript(onlineDelSrc)
 )
 
-var all = []*redis.Script{SeqAlloc, SeqFloor, HashMax, RouteSet, RouteDel}
+var all = []*redis.Script{SeqAlloc, SeqFloor, HashMax, RouteSet, RouteDel, OnlineDel}
 
-// Load loads every script into Redis (every master of a cluster).
+// Load loads every script into Redis. On a cluster it loads them into
+// every master (it fails if one cannot be reached: EVALSHA goes there) and,
+// best effort, into every replica, so that a replica promoted by a failover
+// has them already (scripts are not replicated; one that lacks them anyway
+// answers NOSCRIPT, which Script.Run and RunPipelined handle).
 func Load(ctx context.Context, rdb redis.UniversalClient) error {
-	for _, s := range all {
-		if cc, ok := rdb.(*redis.ClusterClient); ok {
-			err := cc.ForEachShard(ctx, func(ctx context.Context, shard *redis.Client) error {
-				return s.Load(ctx, shard).Err()
-			})
-			if err != nil {
+	load := func(ctx context.Context, c redis.Scripter) error {
+		for _, s := range all {
+			if err := s.Load(ctx, c).Err(); err != nil {
 				return err
 			}
-			continue
 		}
-		if err := s.Load(ctx, rdb).Err(); err != nil {
-			return err
-		}
+		return nil
 	}
+	cc, ok := rdb.(*redis.ClusterClient)
+	if !ok {
+		return load(ctx, rdb)
+	}
+	if err := cc.ForEachMaster(ctx, func(ctx context.Context, shard *redis.Client) error {
+		return load(ctx, shard)
+	}); err != nil {
+		return err
+	}
+	// A replica that is down (and not yet marked failed) must not fail
+	// the load, nor the pipeline retry that depends on it.
+	_ = cc.ForEachSlave(ctx, func(ctx context.Context, shard *redis.Client) error {
+		return load(ctx, shard)
+	})
 	return nil
 }
 
@@ -90,21 +106,48 @@ func anyNoScript(cmds []redis.Cmder) bool {
 	return false
 }
 
-// Loaded reports whether every script is loaded in Redis (on a cluster:
-// on the node the client asks).
+// Loaded reports whether every script is loaded in Redis: on a cluster,
+// in every master, and in every replica that answers.
 func Loaded(ctx context.Context, rdb redis.UniversalClient) (bool, error) {
 	shas := make([]string, len(all))
 	for i, s := range all {
 		shas[i] = s.Hash()
 	}
-	ok, err := rdb.ScriptExists(ctx, shas...).Result()
-	if err != nil {
-		return false, err
+	loaded := func(ctx context.Context, c redis.Scripter) (bool, error) {
+		ok, err := c.ScriptExists(ctx, shas...).Result()
+		if err != nil {
+			return false, err
+		}
+		for _, b := range ok {
+			if !b {
+				return false, nil
+			}
+		}
+		return true, nil
 	}
-	for _, b := range ok {
-		if !b {
-			return false, nil
+	cc, ok := rdb.(*redis.ClusterClient)
+	if !ok {
+		return loaded(ctx, rdb)
+	}
+	var missing atomic.Bool
+	check := func(ignoreErr bool) func(context.Context, *redis.Client) error {
+		return func(ctx context.Context, shard *redis.Client) error {
+			ok, err := loaded(ctx, shard)
+			if err != nil {
+				if ignoreErr {
+					return nil
+				}
+				return err
+			}
+			if !ok {
+				missing.Store(true)
+			}
+			return nil
 		}
 	}
-	return true, nil
+	if err := cc.ForEachMaster(ctx, check(false)); err != nil {
+		return false, err
+	}
+	_ = cc.ForEachSlave(ctx, check(true))
+	return !missing.Load(), nil
 }

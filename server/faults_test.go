@@ -531,7 +531,7 @@ func faultUsers(t *testing.T, adminURL string, senders, receivers int) (snd, rcv
 // faultRoutedTo lists the gateways the routing table names for user's devices
 // (entries "<token>|<gateway>|<boot>"; "#<device>" fields are token
 // counters).
-func faultRoutedTo(t *testing.T, rdb *redis.Client, prefix, user string) []string {
+func faultRoutedTo(t *testing.T, rdb redis.UniversalClient, prefix, user string) []string {
 	t.Helper()
 	vals, err := rdb.HGetAll(context.Background(), prefix+"rt:{"+user+"}").Result()
 	if err != nil {
@@ -557,6 +557,7 @@ func TestFaultRedisRestartedEmptyMidLoad(t *testing.T) {
 	rs := testenv.StartRedis(t)
 	cfg := parleytest.Config(t)
 	cfg.RedisURL, cfg.RedisPrefix = rs.URL(), "fr:"
+	cfg.RedisCluster = "" // this test's own Redis, even under PARLEY_TEST_REDIS_CLUSTER
 	cfg.SendRate = 0
 	cfg.GatewayLease = 3 * time.Second
 	env := parleytest.Start(t, cfg)
@@ -739,8 +740,7 @@ func TestFaultGatewaySIGKILLMidLoad(t *testing.T) {
 	gw1.Kill()
 	proxy.SetTarget(gw2.Addr)
 
-	rdb := redis.NewClient(mustParse(t, cfg.RedisURL))
-	defer rdb.Close()
+	rdb := parleytest.RedisClient(t, cfg)
 	gw2ID := gw2.Cfg.GatewayID
 	var routed, resynced, leaseGone time.Duration
 	converged := make([]bool, len(moved))

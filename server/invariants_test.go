@@ -56,6 +56,7 @@ func TestD1RedisFlushAndRestartLoseNothing(t *testing.T) {
 	rs := testenv.StartRedis(t)
 	cfg := parleytest.Config(t)
 	cfg.RedisURL, cfg.RedisPrefix = rs.URL(), "d1:"
+	cfg.RedisCluster = "" // this test's own Redis, even under PARLEY_TEST_REDIS_CLUSTER
 	cfg.SendRate = 0
 	cfg.GatewayLease = 3 * time.Second
 	cfg.HoleTimeout = 500 * time.Millisecond
@@ -181,8 +182,7 @@ func TestD2RacingSendersReaderByUpto(t *testing.T) {
 	gw1.Group(t, "race", append(members, "reader")...)
 
 	// A sender that dies between INCR and COMMIT: allocate a seq by hand.
-	rdb := redis.NewClient(mustParse(t, cfg.RedisURL))
-	defer rdb.Close()
+	rdb := parleytest.RedisClient(t, cfg)
 	if err := scripts.SeqAlloc.Run(context.Background(), rdb, []string{cfg.RedisPrefix + "seq:{race}"}, 1).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -392,8 +392,7 @@ func TestM1AckMaxMergeNeverAboveHead(t *testing.T) {
 	if others != 0 {
 		t.Fatalf("the other device got %d cursors", others)
 	}
-	rdb := redis.NewClient(mustParse(t, cfg.RedisURL))
-	defer rdb.Close()
+	rdb := parleytest.RedisClient(t, cfg)
 	hot, err := rdb.HGet(ctx(t), cfg.RedisPrefix+"dc:{ben}:"+ben[0].ID, "g").Int64()
 	if err != nil || hot != 11 {
 		t.Fatalf("redis cursor %d, %v", hot, err)

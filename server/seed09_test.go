@@ -46,7 +46,7 @@ type s09Fix struct {
 	t      *testing.T
 	env    *parleytest.Env
 	pg     *pgx.Conn
-	rdb    *redis.Client
+	rdb    redis.UniversalClient
 	anaDev parleytest.Device
 	benDev []parleytest.Device // [0] phone u-ben-d1, [1] laptop u-ben-d2
 
@@ -69,12 +69,7 @@ func s09New(t *testing.T) *s09Fix {
 	}
 	t.Cleanup(func() { pg.Close(context.Background()) })
 	f.pg = pg
-	opt, err := redis.ParseURL(env.Cfg.RedisURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.rdb = redis.NewClient(opt)
-	t.Cleanup(func() { f.rdb.Close() })
+	f.rdb = parleytest.RedisClient(t, env.Cfg)
 
 	f.anaDev = env.User(t, "u-ana", 1)[0]
 	f.benDev = env.User(t, "u-ben", 2)

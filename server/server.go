@@ -37,6 +37,55 @@ import (
 	"github.com/parley-im/parley/store"
 )
 
+// clusterReload is how often the Redis Cluster client refreshes its slot
+// map while it is in use (see New).
+const clusterReload = time.Second
+
+// clusterReloadHook asks a cluster client to reload its slot map (in the
+// background; go-redis coalesces reloads) when a command or pipeline
+// failed without a reply from Redis (refused, reset, timed out) or with a
+// reply saying the cluster is changing (CLUSTERDOWN, TRYAGAIN, MASTERDOWN):
+// a master may have died and a replica taken over.
+type clusterReloadHook struct{ cc *redis.ClusterClient }
+
+func (h clusterReloadHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h clusterReloadHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		h.check(err)
+		return err
+	}
+}
+
+func (h clusterReloadHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, c := range cmds {
+			if h.check(c.Err()) {
+				break
+			}
+		}
+		return err
+	}
+}
+
+// check reloads the slot map if err calls for it, and reports whether it did.
+func (h clusterReloadHook) check(err error) bool {
+	if err == nil || errors.Is(err, redis.Nil) {
+		return false
+	}
+	var rerr redis.Error
+	if errors.As(err, &rerr) {
+		msg := rerr.Error()
+		if !strings.HasPrefix(msg, "CLUSTERDOWN") && !strings.HasPrefix(msg, "TRYAGAIN") && !strings.HasPrefix(msg, "MASTERDOWN") {
+			return false // a reply from a node that is up
+		}
+	}
+	h.cc.ReloadState(context.Background())
+	return true
+}
+
 // Server is one parleyd process.
 type Server struct {
 	// Static after New.
@@ -49,6 +98,7 @@ type Server struct {
 	events  *eventlog.Log
 	cursors *cursor.Cursors
 	fan     *fanout.Fanout
+	rows    *fanout.Rows
 	bus     *fanout.Bus
 	gw      *conn.Gateway
 	adminLn net.Listener
@@ -95,8 +145,18 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Server, e
 	// default budget of 3 retries × 5 dial attempts (about 2.5 s).
 	const maxRetries, dialerRetries = 1, 2
 	if cfg.RedisCluster != "" {
-		s.rdb = redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(cfg.RedisCluster, ","),
-			MaxRetries: maxRetries, DialerRetries: dialerRetries})
+		// go-redis learns of a failover from a MOVED reply, which a dead
+		// master never sends: until its periodic reload of the slot map
+		// (default every 60 s) it keeps dialling the dead node. Reload it
+		// every second instead (one CLUSTER SLOTS, only while commands
+		// flow), and at once when a command fails on a node that did not
+		// answer (clusterReloadHook), so a promoted replica is used soon
+		// after the cluster elected it.
+		cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(cfg.RedisCluster, ","),
+			PoolSize: 64, MaxRetries: maxRetries, DialerRetries: dialerRetries, ClusterStateReloadInterval: clusterReload,
+			DisableIdentity: true})
+		cc.AddHook(clusterReloadHook{cc})
+		s.rdb = cc
 	} else {
 		opt, perr := redis.ParseURL(cfg.RedisURL)
 		if perr != nil {
@@ -104,8 +164,11 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Server, e
 		}
 		opt.PoolSize = max(opt.PoolSize, 64)
 		opt.MaxRetries, opt.DialerRetries = maxRetries, dialerRetries
+		opt.DisableIdentity = true // CLIENT SETINFO: Redis before 7.2 refuses it (an error per new connection)
 		s.rdb = redis.NewClient(opt)
 	}
+	sm := newStoreMetrics(s.reg)
+	s.rdb.AddHook(redisErrorHook{sm.redisErrors})
 	if err = s.rdb.Ping(ctx).Err(); err != nil {
 		return nil, fmt.Errorf("redis: %w", err)
 	}
@@ -123,17 +186,26 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Server, e
 	seqs := seq.New(s.rdb, cfg.RedisPrefix, s.st.Head)
 	// Acks are many and small: fewer workers make bigger batches, so they
 	// cost fewer commits (WAL flushes) and leave more to sends.
-	s.cursors = cursor.New(s.st, s.rdb, cfg.RedisPrefix, log, max(1, cfg.CommitWorkers/2), cfg.CommitBatch, cfg.CommitLinger)
+	s.cursors = cursor.New(s.st, s.rdb, cfg.RedisPrefix, log, max(1, cfg.CommitWorkers/2), cfg.CommitBatch, cfg.CommitLinger,
+		sm.batchSizes.WithLabelValues("ack"), sm.batchSizes.WithLabelValues("read"))
 	// The gateway and fan-out refer to each other (fan-out delivers to the
 	// gateway; the gateway's requests feed the log that feeds fan-out).
 	var fan *fanout.Fanout
-	s.events = eventlog.New(s.st, seqs, eventlog.Config{HoleTimeout: cfg.HoleTimeout, CommitBatch: cfg.CommitBatch, CommitWorkers: cfg.CommitWorkers, CommitLinger: cfg.CommitLinger},
+	s.rows = fanout.NewRows(s.rdb, cfg.RedisPrefix, s.cfg.GatewayID+"-"+s.routes.Boot(),
+		fanout.RowsConfig{Workers: cfg.FanoutWorkers, ClaimIdle: cfg.FanoutClaimIdle}, log, s.reg)
+	s.events = eventlog.New(s.st, seqs, eventlog.Config{HoleTimeout: cfg.HoleTimeout, CommitBatch: cfg.CommitBatch, CommitWorkers: cfg.CommitWorkers, CommitLinger: cfg.CommitLinger,
+		RecipientsBelow: cfg.WriteFanoutMax, BatchSizes: sm.batchSizes.WithLabelValues("send"),
+		BeforeLeave: func(ctx context.Context, conv, user string) error { return fan.BeforeLeave(ctx, conv, user) }},
 		log, func(evs []eventlog.Committed) { fan.Enqueue(evs) })
-	s.gw = conn.New(s.cfg, conn.Deps{Store: s.st, Log: s.events, Cursors: s.cursors, Routes: s.routes, Bus: s.bus,
+	s.gw = conn.New(s.cfg, conn.Deps{Store: s.st, Log: s.events, Cursors: s.cursors, Routes: s.routes, Bus: s.bus, Rows: s.rows,
+		Mentions: conn.NewMentionLimiter(s.rdb, cfg.RedisPrefix, cfg.MentionAllRate, cfg.MentionAllPeriod),
+		Online: func(ctx context.Context, user, device string, token int64) error {
+			return fan.Online(ctx, user, device, token)
+		},
 		Notify: func(ctx context.Context, user, except string, frame []byte) error {
 			return fan.ToUser(ctx, user, except, frame)
 		}}, log, s.reg)
-	fan = fanout.New(s.st, s.routes, s.bus, s.gw, log, 4)
+	fan = fanout.New(s.st, s.routes, s.bus, s.gw, s.rows, cfg.WriteFanoutMax, cfg.OnlineFanoutMax, log, s.reg, 4)
 	s.fan = fan
 	if s.ps, err = s.bus.Subscribe(ctx); err != nil {
 		return nil, err
@@ -151,6 +223,10 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Server, e
 	}
 	return s, nil
 }
+
+// FanoutPending is how many committed events wait for fan-out (tests use
+// it to wait until pushes went out).
+func (s *Server) FanoutPending() int64 { return s.fan.Pending() }
 
 // Config is the effective configuration (with generated values filled in).
 func (s *Server) Config() config.Config { return s.cfg }
@@ -172,6 +248,9 @@ func (s *Server) Start(ctx context.Context) error {
 	s.goroutine(func() { s.gwErr <- s.gw.Run() })
 	s.goroutine(func() { fanout.Serve(s.ps, s.gw, s.gw.Kick) })
 	s.goroutine(s.keepLease)
+	if err := s.rows.Start(ctx); err != nil {
+		return err
+	}
 
 	mode := func(n int64) string { return fanout.Mode(n, s.cfg.WriteFanoutMax, s.cfg.OnlineFanoutMax) }
 	s.serveHTTP(s.adminLn, admin.New(s.cfg.AdminToken, s.st, s.events, s.cursors, mode, s.log))
@@ -251,6 +330,7 @@ func (s *Server) Ready(ctx context.Context) error {
 func (s *Server) keepLease() {
 	t := time.NewTicker(s.cfg.GatewayLease / 3)
 	defer t.Stop()
+	again := 0 // ticks left on which to re-register once more
 	for {
 		select {
 		case <-s.stop:
@@ -261,9 +341,19 @@ func (s *Server) keepLease() {
 			if err != nil {
 				s.log.Warn("renewing gateway lease", "err", err)
 			} else if lost {
-				// Redis lost the lease (flushed, restarted empty): it lost our
-				// routing entries too. Re-register every connection with its
-				// own token, so a newer connection elsewhere still wins.
+				// Redis lost the lease (flushed, restarted empty, or a failover
+				// outlasted it): other gateways may have reaped our routing
+				// entries, or Redis lost them too. Re-register every
+				// connection with its own token, so a newer connection
+				// elsewhere still wins.
+				s.gw.Reregister(ctx)
+				again = 2
+			} else if again > 0 {
+				// And on the next two ticks: a gateway that read our lease
+				// just before the renewal may reap an entry right after it
+				// was re-registered, and on a cluster a re-registration can
+				// be cut short by a shard still failing over.
+				again--
 				s.gw.Reregister(ctx)
 			}
 			cancel()
@@ -292,6 +382,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		s.events.Close()
 		s.cursors.Close()
 		s.fan.Close()
+		s.rows.Close()
 		_ = s.ps.Close()
 		dctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		_ = s.routes.DropLease(dctx)

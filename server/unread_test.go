@@ -108,12 +108,7 @@ func TestUnreadMatchesDefinitionRandomized(t *testing.T) {
 	cfg.SendRate = 0
 	cfg.HoleTimeout = 100 * time.Millisecond // a lost seq is fenced by the next sync soon after
 	env := parleytest.Start(t, cfg)
-	ropt, err := redis.ParseURL(env.Cfg.RedisURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rdb := redis.NewClient(ropt)
-	defer rdb.Close()
+	rdb := parleytest.RedisClient(t, env.Cfg)
 	pg, err := pgx.Connect(context.Background(), env.Cfg.PostgresURL)
 	if err != nil {
 		t.Fatal(err)
@@ -174,7 +169,7 @@ type urHistory struct {
 	t     *testing.T
 	env   *parleytest.Env
 	pg    *pgx.Conn
-	rdb   *redis.Client
+	rdb   redis.UniversalClient
 	rng   *rand.Rand
 	n     int
 	users []*urUser

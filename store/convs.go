@@ -62,7 +62,7 @@ func (s *Store) CreateConversation(ctx context.Context, ch MembershipChange, kin
 // users actually added. The actor, if any,
 // must be a current member (ErrNotMember); an unknown conversation is
 // ErrNotFound, an unknown user ErrUnknownUser.
-func (s *Store) AddMembers(ctx context.Context, ch MembershipChange, users []string) (head int64, added []string, err error) {
+func (s *Store) AddMembers(ctx context.Context, ch MembershipChange, users []string) (head, members int64, added []string, err error) {
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		if err := lockConversation(ctx, tx, ch); err != nil {
 			return err
@@ -98,18 +98,19 @@ func (s *Store) AddMembers(ctx context.Context, ch MembershipChange, users []str
 				return err
 			}
 		}
-		return tx.QueryRow(ctx, `SELECT coalesce(max(seq), 0) FROM events WHERE conv_id = $1`, ch.Conv).Scan(&head)
+		return tx.QueryRow(ctx, `SELECT coalesce(max(seq), 0), (SELECT member_count FROM conversations WHERE conv_id = $1) FROM events WHERE conv_id = $1`,
+			ch.Conv).Scan(&head, &members)
 	})
 	if err != nil {
 		added = nil
 	}
-	return head, added, err
+	return head, members, added, err
 }
 
 // RemoveMember closes user's current membership period at ch.Seq and
 // appends the leave event. ErrNotMember if user (or the actor, if any) is
 // not a current member; ErrNotFound for an unknown conversation.
-func (s *Store) RemoveMember(ctx context.Context, ch MembershipChange, user string) (head int64, err error) {
+func (s *Store) RemoveMember(ctx context.Context, ch MembershipChange, user string) (head, members int64, err error) {
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		if err := lockConversation(ctx, tx, ch); err != nil {
 			return err
@@ -125,12 +126,12 @@ func (s *Store) RemoveMember(ctx context.Context, ch MembershipChange, user stri
 		if err := insertMembershipEvent(ctx, tx, ch, KindLeave, []string{user}); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, `UPDATE conversations SET member_count = member_count - 1 WHERE conv_id = $1`, ch.Conv); err != nil {
+		if err := tx.QueryRow(ctx, `UPDATE conversations SET member_count = member_count - 1 WHERE conv_id = $1 RETURNING member_count`, ch.Conv).Scan(&members); err != nil {
 			return err
 		}
 		return tx.QueryRow(ctx, `SELECT coalesce(max(seq), 0) FROM events WHERE conv_id = $1`, ch.Conv).Scan(&head)
 	})
-	return head, err
+	return head, members, err
 }
 
 // lockConversation takes the conversation's row lock (membership changes
@@ -208,6 +209,42 @@ func (s *Store) Head(ctx context.Context, conv string) (int64, error) {
 		return 0, ErrNotFound
 	}
 	return head, err
+}
+
+// CurrentPeriod is the start of a current membership period.
+type CurrentPeriod struct {
+	Conv    string
+	User    string
+	FromSeq int64
+}
+
+// BigMemberships returns user's current memberships of conversations with
+// at least minMembers members (the online and pull tiers).
+func (s *Store) BigMemberships(ctx context.Context, user string, minMembers int) ([]CurrentPeriod, error) {
+	rows, err := s.pool.Query(ctx, `SELECT m.conv_id, m.from_seq FROM membership_periods m
+		JOIN conversations c ON c.conv_id = m.conv_id
+		WHERE m.user_id = $1 AND m.to_seq IS NULL AND c.member_count >= $2`, user, minMembers)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (CurrentPeriod, error) {
+		p := CurrentPeriod{User: user}
+		err := r.Scan(&p.Conv, &p.FromSeq)
+		return p, err
+	})
+}
+
+// CurrentMembers returns the current membership periods of conv.
+func (s *Store) CurrentMembers(ctx context.Context, conv string) ([]CurrentPeriod, error) {
+	rows, err := s.pool.Query(ctx, `SELECT user_id, from_seq FROM membership_periods WHERE conv_id = $1 AND to_seq IS NULL`, conv)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (CurrentPeriod, error) {
+		p := CurrentPeriod{Conv: conv}
+		err := r.Scan(&p.User, &p.FromSeq)
+		return p, err
+	})
 }
 
 // ConvSeq names one event.

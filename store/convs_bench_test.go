@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"os"
 	"testing"
@@ -10,7 +11,9 @@ import (
 
 	"github.com/HdrHistogram/hdrhistogram-go"
 	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
 
+	"github.com/parley-im/parley/fanout"
 	"github.com/parley-im/parley/internal/testenv"
 	"github.com/parley-im/parley/store"
 )
@@ -45,13 +48,35 @@ func BenchmarkConvs(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer st.Close()
+	// The user's conversation rows, as fan-out keeps them in Redis: the
+	// first convs finds them missing and returns them for backfill.
+	redisURL, prefix := testenv.Redis(b)
+	opt, err := redis.ParseURL(redisURL)
+	if err != nil {
+		b.Fatal(err)
+	}
+	rdb := redis.NewClient(opt)
+	defer rdb.Close()
+	rows := fanout.NewRows(rdb, prefix, "bench", fanout.RowsConfig{}, slog.New(slog.DiscardHandler), nil)
+	small := store.ConvOrder{SmallBelow: 200}
+	_, _, backfill, err := st.Conversations(ctx, benchUser, benchDevice, 100, nil, small)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := rows.Backfill(ctx, benchUser, backfill); err != nil {
+		b.Fatal(err)
+	}
 	for _, limit := range []int{100, 1000} {
 		b.Run(fmt.Sprintf("convs=%d/events=%dM/limit=%d", benchConvs, benchConvs*benchEvents/1_000_000, limit), func(b *testing.B) {
 			h := hdrhistogram.New(1, 10_000_000, 3)
 			b.ReportAllocs()
 			for b.Loop() {
 				start := time.Now()
-				items, _, err := st.Conversations(ctx, benchUser, benchDevice, limit, nil)
+				order := small
+				if order.Rows, err = rows.Read(ctx, benchUser); err != nil {
+					b.Fatal(err)
+				}
+				items, _, _, err := st.Conversations(ctx, benchUser, benchDevice, limit, nil, order)
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -66,6 +66,13 @@ type InsertResult struct {
 	Ts  int64
 	Dup bool  // (conv, sender, cmid) was stored before: nothing new stored
 	Err error // nil, ErrNotMember (sender is not a current member) or ErrSeqTaken
+	// For an inserted row: the conversation's current member count, and,
+	// if it is below the recipientsBelow argument of InsertMessages, the
+	// users whose membership periods contain the seq (HaveRecipients),
+	// read in the same statement so fan-out needs no query of its own.
+	Members        int64
+	Recipients     []string
+	HaveRecipients bool
 }
 
 // InsertMessages stores msgs in one transaction (group commit). Per row:
@@ -76,11 +83,11 @@ type InsertResult struct {
 // returned error is for the whole batch (nothing committed).
 // The insert is one statement, so the batch commits atomically in one
 // round trip.
-func (s *Store) InsertMessages(ctx context.Context, msgs []NewMessage) ([]InsertResult, error) {
+func (s *Store) InsertMessages(ctx context.Context, msgs []NewMessage, recipientsBelow int) ([]InsertResult, error) {
 	var res []InsertResult
 	var err error
 	for attempt := 0; attempt < 3; attempt++ {
-		res, err = s.insertMessages(ctx, msgs)
+		res, err = s.insertMessages(ctx, msgs, recipientsBelow)
 		if !isDeadlock(err) {
 			break
 		}
@@ -88,7 +95,7 @@ func (s *Store) InsertMessages(ctx context.Context, msgs []NewMessage) ([]Insert
 	return res, err
 }
 
-func (s *Store) insertMessages(ctx context.Context, msgs []NewMessage) ([]InsertResult, error) {
+func (s *Store) insertMessages(ctx context.Context, msgs []NewMessage, recipientsBelow int) ([]InsertResult, error) {
 	n := len(msgs)
 	convs, senders, cmids := make([]string, n), make([]string, n), make([]string, n)
 	bodies := make([][]byte, n)
@@ -98,24 +105,39 @@ func (s *Store) insertMessages(ctx context.Context, msgs []NewMessage) ([]Insert
 	}
 	res := make([]InsertResult, n)
 	// One statement is one transaction: a single round trip and one WAL
-	// flush commit the whole batch.
-	rows, err := s.pool.Query(ctx, `INSERT INTO events (conv_id, seq, kind, sender, cmid, body, ts)
+	// flush commit the whole batch. The same statement reads the
+	// recipients of each inserted row in a small conversation (G1: the
+	// membership periods that contain its seq).
+	rows, err := s.pool.Query(ctx, `WITH ins AS (
+		INSERT INTO events (conv_id, seq, kind, sender, cmid, body, ts)
 		SELECT u.conv, u.seq, 1, u.sender, u.cmid, u.body, u.ts
 		FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::bytea[], $6::bigint[]) AS u(conv, seq, sender, cmid, body, ts)
 		WHERE EXISTS (SELECT 1 FROM membership_periods m WHERE m.conv_id = u.conv AND m.user_id = u.sender AND m.to_seq IS NULL)
 		ON CONFLICT DO NOTHING
-		RETURNING conv_id, seq`, convs, seqs, senders, cmids, bodies, tss)
+		RETURNING conv_id, seq)
+	SELECT ins.conv_id, ins.seq, c.member_count,
+		CASE WHEN c.member_count < $7 THEN ARRAY(SELECT m.user_id FROM membership_periods m
+			WHERE m.conv_id = ins.conv_id AND m.from_seq <= ins.seq AND (m.to_seq IS NULL OR m.to_seq >= ins.seq)) END
+	FROM ins JOIN conversations c ON c.conv_id = ins.conv_id`, convs, seqs, senders, cmids, bodies, tss, recipientsBelow)
 	if err != nil {
 		return nil, err
 	}
-	inserted := make(map[ConvSeq]bool, n)
+	type insertedRow struct {
+		members    int64
+		recipients []string
+	}
+	inserted := make(map[ConvSeq]insertedRow, n)
 	for rows.Next() {
 		var k ConvSeq
-		if err := rows.Scan(&k.Conv, &k.Seq); err != nil {
+		var r insertedRow
+		if err := rows.Scan(&k.Conv, &k.Seq, &r.members, &r.recipients); err != nil {
 			rows.Close()
 			return nil, err
 		}
-		inserted[k] = true
+		if r.recipients == nil && r.members < int64(recipientsBelow) {
+			r.recipients = []string{} // computed, and nobody (cannot happen: the sender is a member)
+		}
+		inserted[k] = r
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
@@ -123,9 +145,12 @@ func (s *Store) insertMessages(ctx context.Context, msgs []NewMessage) ([]Insert
 	var missing []int
 	for i := range msgs {
 		res[i] = InsertResult{Seq: seqs[i], Ts: tss[i]}
-		if !inserted[ConvSeq{convs[i], seqs[i]}] {
+		r, ok := inserted[ConvSeq{convs[i], seqs[i]}]
+		if !ok {
 			missing = append(missing, i)
+			continue
 		}
+		res[i].Members, res[i].Recipients, res[i].HaveRecipients = r.members, r.recipients, r.recipients != nil
 	}
 	if len(missing) > 0 {
 		// The inserted rows are committed already; explaining the others

@@ -1,9 +1,12 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"math"
+	"slices"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -150,17 +153,118 @@ type ConvCursor struct {
 	Conv   string
 }
 
+// ConvOrder is what Conversations knows in advance about the order of a
+// user's conversations: the user's conversation rows (package fanout),
+// conversation id → ts of its newest event the user may see, kept for
+// push-tier conversations (fewer than SmallBelow members). Conversations
+// without a row, and bigger ones (whose rows are not written per
+// message), are ordered by probing their logs.
+type ConvOrder struct {
+	Rows       map[string]int64
+	SmallBelow int64
+}
+
 // Conversations lists every conversation user is or was a member of,
 // newest visible activity first, from one REPEATABLE READ snapshot, at
 // most limit items after cur (nil: from the top). more is true if items
-// follow.
-func (s *Store) Conversations(ctx context.Context, user, device string, limit int, cur *ConvCursor) (items []ConvItem, more bool, err error) {
-	curTs, curConv := int64(math.MaxInt64), ""
-	if cur != nil {
-		curTs, curConv = cur.LastTs, cur.Conv
-	}
+// follow. backfill holds the rows of push-tier conversations that had to
+// be probed (missing from order.Rows or behind), for the caller to write.
+func (s *Store) Conversations(ctx context.Context, user, device string, limit int, cur *ConvCursor, order ConvOrder) (items []ConvItem, more bool, backfill map[string]int64, err error) {
 	err = s.readTx(ctx, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, conversationsSQL, user, device, limit+1, int64(math.MaxInt64), curTs, curConv)
+		rows, err := tx.Query(ctx, `SELECT m.conv_id, c.member_count, max(coalesce(m.to_seq, $2))
+			FROM membership_periods m JOIN conversations c ON c.conv_id = m.conv_id
+			WHERE m.user_id = $1 GROUP BY m.conv_id, c.member_count`, user, int64(math.MaxInt64))
+		if err != nil {
+			return err
+		}
+		type conv struct {
+			id     string
+			lastTs int64
+		}
+		var all []conv
+		var probe []string
+		var probeTo []int64
+		small := map[string]bool{}
+		for rows.Next() {
+			var id string
+			var members, lastTo int64
+			if err := rows.Scan(&id, &members, &lastTo); err != nil {
+				rows.Close()
+				return err
+			}
+			if members < order.SmallBelow {
+				small[id] = true
+				if ts, ok := order.Rows[id]; ok {
+					all = append(all, conv{id, ts})
+					continue
+				}
+			}
+			probe = append(probe, id)
+			probeTo = append(probeTo, lastTo)
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		if len(probe) > 0 {
+			// last_ts is the ts of the newest non-hole event at or below
+			// the end of the user's last period: that event is visible,
+			// since the last period starts with the user's own join.
+			rows, err := tx.Query(ctx, `SELECT k.conv, lv.ts
+				FROM unnest($1::text[], $2::bigint[]) AS k(conv, last_to)
+				CROSS JOIN LATERAL (SELECT e.ts FROM events e
+				                     WHERE e.conv_id = k.conv AND e.seq <= k.last_to AND e.kind <> 0
+				                     ORDER BY e.seq DESC LIMIT 1) lv`, probe, probeTo)
+			if err != nil {
+				return err
+			}
+			for rows.Next() {
+				var c conv
+				if err := rows.Scan(&c.id, &c.lastTs); err != nil {
+					rows.Close()
+					return err
+				}
+				all = append(all, c)
+				if small[c.id] {
+					if backfill == nil {
+						backfill = map[string]int64{}
+					}
+					backfill[c.id] = c.lastTs
+				}
+			}
+			if err := rows.Err(); err != nil {
+				return err
+			}
+		}
+		slices.SortFunc(all, func(a, b conv) int {
+			if a.lastTs != b.lastTs {
+				return cmp.Compare(b.lastTs, a.lastTs)
+			}
+			return strings.Compare(a.id, b.id)
+		})
+		if cur != nil {
+			i, _ := slices.BinarySearchFunc(all, conv{cur.Conv, cur.LastTs}, func(a, t conv) int {
+				if a.lastTs != t.lastTs {
+					return cmp.Compare(t.lastTs, a.lastTs)
+				}
+				if a.id <= t.id {
+					return -1
+				}
+				return 1
+			})
+			all = all[i:]
+		}
+		if len(all) > limit {
+			all, more = all[:limit], true
+		}
+		if len(all) == 0 {
+			return nil
+		}
+		ids := make([]string, len(all))
+		lastTs := make([]int64, len(all))
+		for i, c := range all {
+			ids[i], lastTs[i] = c.id, c.lastTs
+		}
+		rows, err = tx.Query(ctx, conversationsSQL, user, device, ids, lastTs)
 		if err != nil {
 			return err
 		}
@@ -172,41 +276,24 @@ func (s *Store) Conversations(ctx context.Context, user, device string, limit in
 		})
 		return err
 	})
-	if len(items) > limit {
-		items, more = items[:limit], true
+	if err != nil {
+		return nil, false, nil, err
 	}
-	return items, more, err
+	return items, more, backfill, nil
 }
 
-// conversationsSQL: $1 user, $2 device, $3 limit, $4 "open period" end,
-// ($5, $6) the cursor. last_ts is the ts of the newest non-hole event at or
-// below the end of the user's last period: that event is visible, since
-// the last period starts with the user's own join event.
+// conversationsSQL: $1 user, $2 device, ($3, $4) the page's conversations
+// and their last_ts, in order.
 const conversationsSQL = `
-WITH mine AS (
-    SELECT conv_id, max(coalesce(to_seq, $4)) AS last_to
-      FROM membership_periods WHERE user_id = $1 GROUP BY conv_id
-), listed AS (
-    SELECT mine.conv_id, lv.ts AS last_ts
-      FROM mine
-      CROSS JOIN LATERAL (SELECT e.ts FROM events e
-                           WHERE e.conv_id = mine.conv_id AND e.seq <= mine.last_to AND e.kind <> 0
-                           ORDER BY e.seq DESC LIMIT 1) lv
-), page AS (
-    SELECT * FROM listed
-     WHERE last_ts < $5 OR (last_ts = $5 AND conv_id > $6)
-     ORDER BY last_ts DESC, conv_id
-     LIMIT $3
-)
 SELECT p.conv_id, c.kind, c.title, c.member_count, c.epoch, c.min_seq,
        (SELECT coalesce(max(seq), 0) FROM events WHERE conv_id = p.conv_id),
        coalesce(dc.delivered_seq, 0), coalesce(rp.read_seq, 0), p.last_ts,
        parley_unread(p.conv_id, $1, coalesce(rp.read_seq, 0))
-  FROM page p
+  FROM unnest($3::text[], $4::bigint[]) WITH ORDINALITY AS p(conv_id, last_ts, i)
   JOIN conversations c ON c.conv_id = p.conv_id
   LEFT JOIN device_cursors dc ON dc.device_id = $2 AND dc.conv_id = p.conv_id
   LEFT JOIN read_positions rp ON rp.user_id = $1 AND rp.conv_id = p.conv_id
- ORDER BY p.last_ts DESC, p.conv_id`
+ ORDER BY p.i`
 
 // Errors of Recall.
 var (
@@ -220,6 +307,8 @@ type RecallResult struct {
 	Seq    int64
 	Target int64
 	Again  bool // the target was recalled before: Seq is that first recall's
+	// Members is the conversation's member count (for fan-out's tier).
+	Members int64
 }
 
 // CheckRecall answers a recall that needs no new event, before a seq is
@@ -293,8 +382,10 @@ func (s *Store) Recall(ctx context.Context, ch MembershipChange, target, windowM
 			return ErrSeqTaken
 		}
 		r.Seq = ch.Seq
-		_, err = tx.Exec(ctx, `UPDATE events SET recalled_by = $3, body = NULL WHERE conv_id = $1 AND seq = $2`, ch.Conv, target, ch.Seq)
-		return err
+		if _, err = tx.Exec(ctx, `UPDATE events SET recalled_by = $3, body = NULL WHERE conv_id = $1 AND seq = $2`, ch.Conv, target, ch.Seq); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, `SELECT member_count FROM conversations WHERE conv_id = $1`, ch.Conv).Scan(&r.Members)
 	})
 	return r, err
 }

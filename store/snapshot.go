@@ -1,8 +1,11 @@
 package store
 
 import (
+	"cmp"
 	"context"
-	"math"
+	"slices"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -18,149 +21,239 @@ type SnapshotItem struct {
 	Err     error // ErrNotMember, ErrCursorAhead
 }
 
-// Snapshot is the batched login pull (seed 003): for each (conv, after),
-// from one REPEATABLE READ snapshot, with gap = head - after: nothing if
-// the gap is 0; every visible event after `after` if the gap is at most
-// fullMax; otherwise the newest tail visible events and how many visible
-// events were skipped.
-func (s *Store) Snapshot(ctx context.Context, user string, convs []string, afters []int64, fullMax, tail int) ([]SnapshotItem, error) {
-	out := make([]SnapshotItem, len(convs))
-	err := s.readTx(ctx, func(tx pgx.Tx) error {
-		// One query for every conversation's periods, one for heads, reads
-		// and unread counts; events only where there is a gap.
-		rows, err := tx.Query(ctx, `SELECT conv_id, from_seq, coalesce(to_seq, $3) FROM membership_periods
-			WHERE user_id = $1 AND conv_id = ANY($2) ORDER BY conv_id, from_seq`, user, convs, int64(math.MaxInt64))
-		if err != nil {
-			return err
-		}
-		periods := map[string][]Period{}
-		for rows.Next() {
-			var conv string
-			var p Period
-			if err := rows.Scan(&conv, &p.From, &p.To); err != nil {
-				rows.Close()
-				return err
-			}
-			periods[conv] = append(periods[conv], p)
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return err
-		}
-		rows, err = tx.Query(ctx, `SELECT c.i, h.head, r.read, parley_unread(c.conv, $1, r.read)
-			FROM unnest($2::text[]) WITH ORDINALITY AS c(conv, i)
-			CROSS JOIN LATERAL (SELECT coalesce(max(seq), 0) AS head FROM events WHERE conv_id = c.conv) h
-			CROSS JOIN LATERAL (SELECT coalesce((SELECT read_seq FROM read_positions WHERE user_id = $1 AND conv_id = c.conv), 0) AS read) r
-			WHERE EXISTS (SELECT 1 FROM membership_periods m WHERE m.user_id = $1 AND m.conv_id = c.conv)`, user, convs)
-		if err != nil {
-			return err
-		}
-		for rows.Next() {
-			var i int64
-			var head, read, unread int64
-			if err := rows.Scan(&i, &head, &read, &unread); err != nil {
-				rows.Close()
-				return err
-			}
-			out[i-1].Head, out[i-1].Read, out[i-1].Unread = head, read, unread
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return err
-		}
-		// Every row of every small gap, in one query: at most fullMax each.
-		var fc []string
-		var fa, fh, fi []int64
-		for i, conv := range convs {
-			if gap := out[i].Head - afters[i]; len(periods[conv]) > 0 && afters[i] >= 0 && gap > 0 && gap <= int64(fullMax) {
-				fc, fa, fh, fi = append(fc, conv), append(fa, afters[i]), append(fh, out[i].Head), append(fi, int64(i))
-			}
-		}
-		full := map[int64][]Event{}
-		if len(fc) > 0 {
-			rows, err := tx.Query(ctx, `SELECT u.i, e.seq, e.kind, e.sender, coalesce(e.cmid, ''), coalesce(e.body, ''::bytea), e.ts,
-					e.recalled_by IS NOT NULL, coalesce(e.target, 0), e.users
-				FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[]) AS u(conv, after, head, i)
-				JOIN events e ON e.conv_id = u.conv AND e.seq > u.after AND e.seq <= u.head
-				ORDER BY u.i, e.seq`, fc, fa, fh, fi)
-			if err != nil {
-				return err
-			}
-			for rows.Next() {
-				var i int64
-				var e Event
-				if err := rows.Scan(&i, &e.Seq, &e.Kind, &e.Sender, &e.Cmid, &e.Body, &e.Ts, &e.Recalled, &e.Target, &e.Users); err != nil {
-					rows.Close()
-					return err
-				}
-				e.Conv = convs[i]
-				full[i] = append(full[i], e)
-			}
-			rows.Close()
-			if err := rows.Err(); err != nil {
-				return err
-			}
-		}
-		for i, conv := range convs {
-			it := &out[i]
-			it.Conv = conv
-			ps := periods[conv]
-			if len(ps) == 0 {
-				*it = SnapshotItem{Conv: conv, Err: ErrNotMember}
-				continue
-			}
-			after := afters[i]
-			gap := it.Head - after
-			switch {
-			case after < 0 || gap < 0:
-				it.Err = ErrCursorAhead
-			case gap == 0:
-			case gap <= int64(fullMax):
-				it.Events = visibleRun(after, ps, full[int64(i)])
-			default:
-				if err := snapshotTail(ctx, tx, conv, user, after, tail, it); err != nil {
-					return err
-				}
-			}
-		}
-		return nil
-	})
-	return out, err
+// SnapshotQuery is one snapshot request: a user's (conv, after) pairs.
+type SnapshotQuery struct {
+	User   string
+	Convs  []string
+	Afters []int64
 }
 
-// snapshotTail fills the newest tail visible events after `after`, and
-// how many visible events above `after` it left out.
-func snapshotTail(ctx context.Context, tx pgx.Tx, conv, user string, after int64, tail int, it *SnapshotItem) error {
-	const visible = `e.conv_id = $1 AND e.seq > $2 AND e.kind <> 0
-		AND EXISTS (SELECT 1 FROM membership_periods m WHERE m.conv_id = e.conv_id AND m.user_id = $3
-		            AND e.seq >= m.from_seq AND (m.to_seq IS NULL OR e.seq <= m.to_seq))`
-	var total int64
-	if err := tx.QueryRow(ctx, `SELECT count(*) FROM events e WHERE `+visible, conv, after, user).Scan(&total); err != nil {
-		return err
-	}
-	rows, err := tx.Query(ctx, `SELECT e.seq, e.kind, e.sender, coalesce(e.cmid, ''), coalesce(e.body, ''::bytea), e.ts,
-			e.recalled_by IS NOT NULL, coalesce(e.target, 0), e.users
-		FROM events e WHERE `+visible+` ORDER BY e.seq DESC LIMIT $4`, conv, after, user, tail)
+// Snapshot is the batched login pull (seed 003): for each (conv, after),
+// with gap = head - after: nothing if the gap is 0; every visible event
+// after `after` if the gap is at most fullMax; otherwise the newest tail
+// visible events and how many visible events were skipped. Every item
+// comes from one consistent snapshot of the database.
+func (s *Store) Snapshot(ctx context.Context, user string, convs []string, afters []int64, fullMax, tail int) ([]SnapshotItem, error) {
+	out, err := s.SnapshotBatch(ctx, []SnapshotQuery{{User: user, Convs: convs, Afters: afters}}, fullMax, tail)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	evs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Event, error) {
-		e := Event{Conv: conv}
-		err := r.Scan(&e.Seq, &e.Kind, &e.Sender, &e.Cmid, &e.Body, &e.Ts, &e.Recalled, &e.Target, &e.Users)
-		if e.Recalled {
-			e.Body = nil
+	return out[0], nil
+}
+
+// snapshotSQL answers every item of a batch of snapshot requests (of any
+// users) in ONE statement: every item comes from one consistent snapshot
+// of the database, in one round trip. Work that several items share is
+// done once: a conversation's head, a (user, conversation)'s periods,
+// read position and unread count, and the rows of a range of events.
+// Row kinds (column t):
+//
+//	0: one per item whose user is or was a member: k (the item's position
+//	   in the arrays, from 1), head, read, unread, the visible events
+//	   above `after` when the gap is larger than fullMax (total), and the
+//	   user's periods (froms, tos);
+//	1: every row of a small gap (after, head] of conv, once per distinct
+//	   (conv, after) whoever asked for it: the members of a conversation
+//	   reconnecting together ask for the same range. The caller applies
+//	   each user's periods (visibleRun);
+//	2: per item with a large gap, the newest tail events visible to the
+//	   item's user.
+const snapshotSQL = `WITH q AS (
+	SELECT k, usr, conv, after FROM unnest($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY AS q(usr, conv, after, k)
+), hd AS (
+	SELECT d.conv, (SELECT coalesce(max(e.seq), 0) FROM events e WHERE e.conv_id = d.conv) AS head
+	FROM (SELECT DISTINCT conv FROM q) d
+), uc AS MATERIALIZED (
+	SELECT u.usr, u.conv, hd.head, p.froms, p.tos, r.read, parley_unread(u.conv, u.usr, r.read) AS unread
+	FROM (SELECT DISTINCT usr, conv FROM q) u
+	JOIN hd ON hd.conv = u.conv
+	CROSS JOIN LATERAL (SELECT array_agg(m.from_seq ORDER BY m.from_seq) AS froms,
+			array_agg(coalesce(m.to_seq, 9223372036854775807) ORDER BY m.from_seq) AS tos
+		FROM membership_periods m WHERE m.user_id = u.usr AND m.conv_id = u.conv) p
+	CROSS JOIN LATERAL (SELECT coalesce((SELECT r.read_seq FROM read_positions r
+		WHERE r.user_id = u.usr AND r.conv_id = u.conv), 0) AS read) r
+	WHERE p.froms IS NOT NULL
+), it AS MATERIALIZED (
+	SELECT q.k, q.usr, q.conv, q.after, uc.head, uc.read, uc.unread, uc.froms, uc.tos
+	FROM q JOIN uc ON uc.usr = q.usr AND uc.conv = q.conv
+), rg AS (
+	SELECT DISTINCT conv, after, head FROM it WHERE after >= 0 AND head > after AND head - after <= $4
+)
+SELECT 0 AS t, it.k, '' AS conv, 0::bigint AS after, it.head, it.read, it.unread,
+	CASE WHEN it.after >= 0 AND it.head - it.after > $4 THEN
+		(SELECT count(*) FROM events e WHERE e.conv_id = it.conv AND e.seq > it.after AND e.kind <> 0
+			AND EXISTS (SELECT 1 FROM membership_periods m WHERE m.conv_id = e.conv_id AND m.user_id = it.usr
+				AND e.seq >= m.from_seq AND (m.to_seq IS NULL OR e.seq <= m.to_seq)))
+	ELSE 0 END AS total,
+	it.froms, it.tos,
+	0::bigint AS seq, 0::smallint AS kind, '' AS sender, '' AS cmid, ''::bytea AS body, 0::bigint AS ts,
+	false AS recalled, 0::bigint AS target, NULL::text[] AS users
+FROM it
+UNION ALL
+SELECT 1, 0, rg.conv, rg.after, 0, 0, 0, 0, NULL, NULL,
+	e.seq, e.kind, e.sender, coalesce(e.cmid, ''), coalesce(e.body, ''::bytea), e.ts,
+	e.recalled_by IS NOT NULL, coalesce(e.target, 0), e.users
+FROM rg JOIN events e ON e.conv_id = rg.conv AND e.seq > rg.after AND e.seq <= rg.head
+UNION ALL
+SELECT 2, it.k, '', 0, 0, 0, 0, 0, NULL, NULL,
+	tl.seq, tl.kind, tl.sender, tl.cmid, tl.body, tl.ts, tl.recalled, tl.target, tl.users
+FROM it CROSS JOIN LATERAL (
+	SELECT e.seq, e.kind, e.sender, coalesce(e.cmid, '') AS cmid, coalesce(e.body, ''::bytea) AS body, e.ts,
+		e.recalled_by IS NOT NULL AS recalled, coalesce(e.target, 0) AS target, e.users
+	FROM events e WHERE e.conv_id = it.conv AND e.seq > it.after AND e.kind <> 0
+		AND EXISTS (SELECT 1 FROM membership_periods m WHERE m.conv_id = e.conv_id AND m.user_id = it.usr
+			AND e.seq >= m.from_seq AND (m.to_seq IS NULL OR e.seq <= m.to_seq))
+	ORDER BY e.seq DESC LIMIT $5) tl
+WHERE it.after >= 0 AND it.head - it.after > $4`
+
+// SnapshotBatch answers several snapshot requests, of any users, with one
+// statement (one round trip): each request's items as Snapshot returns
+// them, all from one consistent snapshot of the database. What identical
+// items of different requests share (a conversation's head, the rows of
+// the same range of events) is read once; visibility stays per user.
+//
+// A conversation id that cannot be stored (not UTF-8, or with a NUL byte)
+// is answered ErrNotMember without asking PostgreSQL, so no request can
+// make the statement fail for the others.
+func (s *Store) SnapshotBatch(ctx context.Context, qs []SnapshotQuery, fullMax, tail int) ([][]SnapshotItem, error) {
+	var users, convs []string
+	var afters []int64
+	type ref struct{ q, i int } // the batch's item k (from 1) is qs[q].Convs[i]
+	var refs []ref
+	for qi, q := range qs {
+		for i, conv := range q.Convs {
+			if !storable(conv) || !storable(q.User) {
+				continue
+			}
+			users, convs, afters = append(users, q.User), append(convs, conv), append(afters, q.Afters[i])
+			refs = append(refs, ref{qi, i})
 		}
-		return e, err
-	})
+	}
+	type item struct {
+		SnapshotItem
+		member bool
+		ps     []Period
+		tail   []Event
+	}
+	items := make([]item, len(refs))
+	ranges := map[rangeKey][]Event{}
+	if len(refs) > 0 {
+		if err := s.snapshotRows(ctx, users, convs, afters, fullMax, tail, func(t, k int64, key rangeKey, hdr SnapshotItem, froms, tos []int64, e Event) {
+			switch t {
+			case 0:
+				it := &items[k-1]
+				it.member, it.SnapshotItem = true, hdr
+				it.ps = make([]Period, len(froms))
+				for j := range froms {
+					it.ps[j] = Period{From: froms[j], To: tos[j]}
+				}
+			case 1:
+				e.Conv = key.conv
+				ranges[key] = append(ranges[key], e)
+			case 2:
+				e.Conv = convs[k-1]
+				if e.Recalled {
+					e.Body = nil
+				}
+				items[k-1].tail = append(items[k-1].tail, e)
+			}
+		}); err != nil {
+			return nil, err
+		}
+	}
+	bySeq := func(a, b Event) int { return cmp.Compare(a.Seq, b.Seq) }
+	for _, evs := range ranges {
+		slices.SortFunc(evs, bySeq)
+	}
+	out := make([][]SnapshotItem, len(qs))
+	for qi, q := range qs {
+		out[qi] = make([]SnapshotItem, len(q.Convs))
+		for i, conv := range q.Convs {
+			out[qi][i] = SnapshotItem{Conv: conv, Err: ErrNotMember} // unless found below
+		}
+	}
+	for k, r := range refs {
+		it := &items[k]
+		if !it.member {
+			continue
+		}
+		conv, after := convs[k], afters[k]
+		res := &out[r.q][r.i]
+		*res = SnapshotItem{Conv: conv, Head: it.Head, Read: it.Read, Unread: it.Unread}
+		switch gap := it.Head - after; {
+		case after < 0 || gap < 0:
+			res.Err = ErrCursorAhead
+		case gap == 0:
+		case gap <= int64(fullMax):
+			res.Events = visibleRun(after, it.ps, ranges[rangeKey{conv, after}])
+		default:
+			slices.SortFunc(it.tail, bySeq)
+			res.Events = it.tail
+			res.Skipped = it.Skipped - int64(len(it.tail))
+		}
+	}
+	return out, nil
+}
+
+// rangeKey names the rows (after, head] of conv (head is the
+// conversation's, the same for every item of one statement).
+type rangeKey struct {
+	conv  string
+	after int64
+}
+
+// snapshotRows runs snapshotSQL and hands each row to f (hdr.Skipped
+// carries the row's total).
+//
+// The statement runs in a read-only transaction that forces a generic
+// plan, pipelined with it in one round trip: planning this statement
+// anew for every execution (what PostgreSQL chooses on its own, as its
+// estimates depend on the array lengths) costs more than running it.
+func (s *Store) snapshotRows(ctx context.Context, users, convs []string, afters []int64, fullMax, tail int,
+	f func(t, k int64, key rangeKey, hdr SnapshotItem, froms, tos []int64, e Event)) error {
+	var b pgx.Batch
+	b.Queue(`BEGIN READ ONLY`)
+	b.Queue(`SET LOCAL plan_cache_mode = force_generic_plan`)
+	b.Queue(snapshotSQL, users, convs, afters, int64(fullMax), int64(tail))
+	b.Queue(`COMMIT`)
+	br := s.pool.SendBatch(ctx, &b)
+	defer br.Close()
+	for range 2 {
+		if _, err := br.Exec(); err != nil {
+			return err
+		}
+	}
+	rows, err := br.Query()
 	if err != nil {
 		return err
 	}
-	for l, r := 0, len(evs)-1; l < r; l, r = l+1, r-1 {
-		evs[l], evs[r] = evs[r], evs[l]
+	for rows.Next() {
+		var t, k int64
+		var key rangeKey
+		var hdr SnapshotItem
+		var froms, tos []int64
+		var e Event
+		if err := rows.Scan(&t, &k, &key.conv, &key.after, &hdr.Head, &hdr.Read, &hdr.Unread, &hdr.Skipped, &froms, &tos,
+			&e.Seq, &e.Kind, &e.Sender, &e.Cmid, &e.Body, &e.Ts, &e.Recalled, &e.Target, &e.Users); err != nil {
+			rows.Close()
+			return err
+		}
+		f(t, k, key, hdr, froms, tos, e)
 	}
-	it.Events = evs
-	it.Skipped = total - int64(len(evs))
-	return nil
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	if _, err := br.Exec(); err != nil { // COMMIT
+		return err
+	}
+	return br.Close()
+}
+
+// storable reports whether s can be a text value in PostgreSQL (UTF-8
+// without NUL): an id that is not was never stored.
+func storable(s string) bool {
+	return utf8.ValidString(s) && !strings.ContainsRune(s, 0)
 }
 
 // visibleRun returns the visible events of rows (seq order, all rows of a

@@ -58,6 +58,31 @@ func (s *Store) DeviceByID(ctx context.Context, id string) (Device, error) {
 	return d, err
 }
 
+// DevicesByID returns the rows of the devices among ids that exist (in
+// no particular order), with one query: the gateway looks up the devices
+// of many concurrent auths together. An id that cannot be stored (not
+// UTF-8, or with a NUL byte) is simply not found.
+func (s *Store) DevicesByID(ctx context.Context, ids []string) ([]Device, error) {
+	ok := make([]string, 0, len(ids))
+	for _, id := range ids {
+		if storable(id) {
+			ok = append(ok, id)
+		}
+	}
+	if len(ok) == 0 {
+		return nil, nil
+	}
+	rows, err := s.pool.Query(ctx, `SELECT device_id, user_id, token_sha256, install_epoch FROM devices WHERE device_id = ANY($1)`, ok)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Device, error) {
+		var d Device
+		err := r.Scan(&d.ID, &d.User, &d.TokenSHA256, &d.InstallEpoch)
+		return d, err
+	})
+}
+
 // Reinstall starts a new install of the device: install_epoch + 1 and its
 // delivery cursors deleted, in one transaction. Read positions (per user)
 // are untouched. Acks still in flight from the old install lock the device

@@ -5,10 +5,11 @@
 //
 //	parley-load SCENARIO -addr HOST:PORT -admin URL -token T -rate N -duration D [-json FILE] [scenario flags]
 //
-// Scenarios: direct, group, large, idle, storm. Exit status: 0 when every
-// confirmed message was pushed exactly once (idle: every connection held;
-// storm: every device reconnected and got its snapshot), 1 when not, 2
-// for a usage error, 3 when the run could not be made.
+// Scenarios: direct, group, large, idle, storm, mixed. Exit status: 0 when
+// every confirmed message was pushed exactly once (idle: every connection
+// held; storm: every device reconnected and got its snapshot; mixed: also
+// no read_ok below the seq read), 1 when not, 2 for a usage error, 3 when
+// the run could not be made.
 package main
 
 import (
@@ -45,7 +46,7 @@ func run(args []string) int {
 	fs.StringVar(&cfg.Addr, "addr", "127.0.0.1:7070", "gateway `host:port`")
 	fs.StringVar(&cfg.AdminURL, "admin", "http://127.0.0.1:8081", "admin API `URL`")
 	fs.StringVar(&cfg.AdminToken, "token", "", "admin `token` (default: $PARLEY_ADMIN_TOKEN)")
-	fs.Float64Var(&cfg.Rate, "rate", 0, "target sends per second, `N`, aggregate over all senders (required by direct, group, large)")
+	fs.Float64Var(&cfg.Rate, "rate", 0, "target sends per second, `N`, aggregate over all senders (required by direct, group, large, mixed)")
 	fs.DurationVar(&cfg.Duration, "duration", 10*time.Second, "send window; idle: how long to hold the connections (at most 10m)")
 	fs.DurationVar(&cfg.Drain, "drain", 3*time.Second, "after the window, wait this long at most for replies and pushes")
 	jsonFile := fs.String("json", "", "write the report as JSON to `FILE`")
@@ -62,9 +63,10 @@ func run(args []string) int {
 	// Scenario direct.
 	fs.IntVar(&cfg.Pairs, "pairs", 100, "direct: pairs of users (one device each, both send)")
 	fs.IntVar(&cfg.BodySize, "body-size", 100, "message body `bytes` (the first 8 carry the send time)")
-	// Scenario group (and storm's -size).
-	fs.IntVar(&cfg.Groups, "groups", 50, "group: how many groups")
-	fs.IntVar(&cfg.Size, "size", 0, "group: members per group (default 20); storm: members per conversation (default 5)")
+	// Scenario group (and storm's -size, mixed's -groups and -size).
+	fs.IntVar(&cfg.Groups, "groups", 0, "group: how many groups (default 50); mixed: groups with members drawn at random (default users/size; 0: none)")
+	fs.IntVar(&cfg.Size, "size", 0, "group, mixed: members per group (default 20); storm: members per conversation (default 5)")
+	fs.IntVar(&cfg.GroupOnline, "group-online", 0, "group: members of each group that connect (the rest are offline members; default all)")
 	// Scenario large.
 	fs.IntVar(&cfg.Members, "members", 10000, "large: members of the group")
 	fs.IntVar(&cfg.Online, "online", 0, "large: members connected (default min(2000, members))")
@@ -77,6 +79,12 @@ func run(args []string) int {
 	fs.IntVar(&cfg.Devices, "devices", 2000, "storm: devices that drop and reconnect at once")
 	fs.IntVar(&cfg.ConvsPer, "convs", 3, "storm: conversations per device")
 	fs.IntVar(&cfg.Msgs, "msgs", 5, "storm: messages per conversation, sent before the storm")
+	// Scenario mixed.
+	fs.IntVar(&cfg.Users, "users", 1000, "mixed: users")
+	fs.Float64Var(&cfg.DevicesPerUser, "devices-per-user", 1.6, "mixed: devices per user on average, 1 to 8 (each user gets ⌊`D`⌋ or ⌈D⌉, all connected)")
+	fs.IntVar(&cfg.Directs, "directs", 4, "mixed: direct conversations per user (0: none)")
+	fs.Float64Var(&cfg.ReadProb, "read-prob", 0.3, "mixed: a device pushed a message reads its conversation with this probability `P` (0: never)")
+	fs.DurationVar(&cfg.ReadDelay, "read-delay", time.Second, "mixed: a read is sent this long (±50%) after the push that caused it; pushes meanwhile raise its seq (0: at once)")
 	if err := fs.Parse(args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -90,6 +98,19 @@ func run(args []string) int {
 	if cfg.AckDelay == 0 {
 		cfg.AckDelay = -1 // never
 	}
+	// An explicit 0 means none (the Config's zero value means the default).
+	fs.Visit(func(f *flag.Flag) {
+		switch {
+		case f.Name == "groups" && cfg.Groups == 0 && cfg.Scenario == "mixed":
+			cfg.Groups = -1
+		case f.Name == "directs" && cfg.Directs == 0:
+			cfg.Directs = -1
+		case f.Name == "read-prob" && cfg.ReadProb == 0:
+			cfg.ReadProb = -1
+		case f.Name == "read-delay" && cfg.ReadDelay == 0:
+			cfg.ReadDelay = -1
+		}
+	})
 	if cfg.AdminToken == "" {
 		cfg.AdminToken = os.Getenv("PARLEY_ADMIN_TOKEN")
 	}
@@ -173,6 +194,8 @@ func run(args []string) int {
 			fmt.Fprintf(os.Stderr, "parley-load: FAILED: %d connections not made, %d dropped\n", rep.Idle.Failed, rep.Idle.Dropped)
 		case rep.Storm != nil:
 			fmt.Fprintf(os.Stderr, "parley-load: FAILED: %d devices did not reconnect and resync, %d snapshot items wrong\n", rep.Storm.Failed, rep.Storm.SnapshotMismatch)
+		case rep.Mixed != nil:
+			fmt.Fprintf(os.Stderr, "parley-load: FAILED: %d confirmed deliveries lost, %d duplicated, %d read_ok below the seq read\n", rep.Lost, rep.Duplicated, rep.Mixed.ReadShort)
 		default:
 			fmt.Fprintf(os.Stderr, "parley-load: FAILED: %d confirmed deliveries lost, %d duplicated\n", rep.Lost, rep.Duplicated)
 		}
@@ -181,9 +204,23 @@ func run(args []string) int {
 	return 0
 }
 
+// scenarioHelp is the one-line description of each scenario in the usage
+// text.
+var scenarioHelp = map[string]string{
+	"direct": "pairs of users, one device each, sending to each other (-pairs)",
+	"group":  "groups of one-device members (-groups, -size)",
+	"large":  "one large group, some members online, a few sending (-members, -online, -senders)",
+	"idle":   "connections held open, pinging; server RSS per connection (-conns, -ping)",
+	"storm":  "every device drops and reconnects at once, then snapshots (-devices, -convs, -size, -msgs)",
+	"mixed": "multi-device users (-devices-per-user) in direct conversations and groups, random\n" +
+		"          senders, read reports (-users, -directs, -groups, -size, -read-prob, -read-delay)",
+}
+
 func usage(fs *flag.FlagSet) {
-	fmt.Fprintf(os.Stderr, "usage: parley-load SCENARIO -addr HOST:PORT -admin URL -token T -rate N -duration D [-json FILE] [flags]\n"+
-		"scenarios: %s\n", strings.Join(loadtest.Scenarios(), ", "))
+	fmt.Fprintf(os.Stderr, "usage: parley-load SCENARIO -addr HOST:PORT -admin URL -token T -rate N -duration D [-json FILE] [flags]\nscenarios:\n")
+	for _, name := range loadtest.Scenarios() {
+		fmt.Fprintf(os.Stderr, "  %-7s %s\n", name, scenarioHelp[name])
+	}
 	if fs.Name() != "parley-load" {
 		fs.PrintDefaults()
 	}

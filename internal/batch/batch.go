@@ -15,6 +15,9 @@ import (
 	"time"
 )
 
+// Observer takes one measurement (prometheus.Observer fits).
+type Observer interface{ Observe(float64) }
+
 // ErrClosed is returned by Submit after Close.
 var ErrClosed = errors.New("batch: closed")
 
@@ -26,6 +29,7 @@ type Batcher[T any] struct {
 	linger time.Duration
 	run    func([]T)
 	chs    []chan T // one per worker
+	sizes  Observer // nil: not observed
 
 	mu     sync.RWMutex // guards closed; held shared by Submit while sending on ch
 	closed bool
@@ -39,8 +43,10 @@ type Batcher[T any] struct {
 // not full: a little latency buys bigger batches, hence fewer commits and
 // less contention on PostgreSQL's WAL. A worker that is not under load
 // runs a lone item at once.
-func New[T any](workers, max, queue int, linger time.Duration, run func([]T)) *Batcher[T] {
-	b := &Batcher[T]{max: max, linger: linger, run: run}
+//
+// sizes, if not nil, observes the size of every batch (a metric).
+func New[T any](workers, max, queue int, linger time.Duration, run func([]T), sizes Observer) *Batcher[T] {
+	b := &Batcher[T]{max: max, linger: linger, run: run, sizes: sizes}
 	b.wg.Add(workers)
 	for i := 0; i < workers; i++ {
 		ch := make(chan T, queue/workers+1)
@@ -121,6 +127,9 @@ func (b *Batcher[T]) work(ch chan T) {
 		timer.Stop() // Go 1.23+: no stale tick can be received after Stop
 
 		busy = len(items) > 1
+		if b.sizes != nil {
+			b.sizes.Observe(float64(len(items)))
+		}
 		b.run(items)
 		clear(items)
 	}

@@ -23,7 +23,7 @@ func TestLoneItemRunsAtOnceAndBatchesForm(t *testing.T) {
 			close(running)
 			<-release // hold the worker so the next items queue up
 		}
-	})
+	}, nil)
 	start := time.Now()
 	if err := b.Submit(context.Background(), 0, 0); err != nil {
 		t.Fatal(err)
@@ -52,7 +52,7 @@ func TestCloseRunsQueuedAndRefusesNew(t *testing.T) {
 		mu.Lock()
 		n += len(items)
 		mu.Unlock()
-	})
+	}, nil)
 	for i := 0; i < 50; i++ {
 		if err := b.Submit(context.Background(), uint64(i), i); err != nil {
 			t.Fatal(err)
@@ -81,7 +81,7 @@ func TestSameKeyRunsInOrder(t *testing.T) {
 			}
 			last[it[0]] = it[1]
 		}
-	})
+	}, nil)
 	for v := 1; v <= 200; v++ {
 		for k := 0; k < 8; k++ {
 			if err := b.Submit(context.Background(), uint64(k), [2]int{k, v}); err != nil {

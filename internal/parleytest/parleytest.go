@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/parley-im/parley/config"
 	"github.com/parley-im/parley/internal/testenv"
 	"github.com/parley-im/parley/server"
@@ -35,16 +37,39 @@ type Env struct {
 }
 
 // Config returns a config for a test server over a fresh database and a
-// private Redis prefix on the shared test Redis, on free ports.
+// private Redis prefix on the shared test Redis, on free ports. When
+// PARLEY_TEST_REDIS_CLUSTER names a Redis Cluster (`make test-cluster`),
+// the server uses that cluster (redis_cluster) instead; RedisURL is still
+// set, for tests that need a standalone Redis of their own.
 func Config(t testing.TB) config.Config {
 	t.Helper()
 	cfg := config.Default()
 	cfg.PostgresURL = testenv.PostgresURL(t)
 	cfg.RedisURL, cfg.RedisPrefix = testenv.Redis(t)
+	cfg.RedisCluster = testenv.RedisClusterSeeds(t, cfg.RedisPrefix)
 	cfg.AdminToken = AdminToken
 	cfg.MetricsListen = ""
 	cfg.PostgresMaxConns = 8
 	return cfg
+}
+
+// RedisClient returns a client of the Redis that a server with cfg uses
+// (the cluster of cfg.RedisCluster if set, else cfg.RedisURL), closed at
+// the test's cleanup.
+func RedisClient(t testing.TB, cfg config.Config) redis.UniversalClient {
+	t.Helper()
+	var c redis.UniversalClient
+	if cfg.RedisCluster != "" {
+		c = redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(cfg.RedisCluster, ",")})
+	} else {
+		opt, err := redis.ParseURL(cfg.RedisURL)
+		if err != nil {
+			t.Fatalf("redis_url: %v", err)
+		}
+		c = redis.NewClient(opt)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
 }
 
 // Start runs an in-process server with cfg (from Config, possibly

@@ -1,6 +1,7 @@
 // Package testenv gives tests real PostgreSQL and Redis: a fresh database per
-// test, a private Redis key prefix, or a private redis-server process for tests
-// that kill or flush it.
+// test, a private Redis key prefix, a private redis-server process for tests
+// that kill or flush it, or a private 6-node Redis Cluster for tests that fail
+// its masters over (StartRedisCluster).
 //
 // The shared servers are the ones `make services` (tools/ensure-services.sh)
 // sets up; `make test` starts them and points the tests at them with

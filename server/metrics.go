@@ -1,0 +1,62 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"net"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+)
+
+// storeMetrics are the process's metrics of its stores: how many items
+// each PostgreSQL group commit carries, and Redis errors.
+type storeMetrics struct {
+	batchSizes  *prometheus.HistogramVec
+	redisErrors *prometheus.CounterVec
+}
+
+func newStoreMetrics(reg prometheus.Registerer) storeMetrics {
+	m := storeMetrics{
+		batchSizes: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "parley_postgres_batch_size",
+			Help:    "Items per PostgreSQL group commit, by kind (send, ack, read).",
+			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512}}, []string{"kind"}),
+		redisErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "parley_redis_errors_total",
+			Help: "Redis commands that failed (not counting nil replies), by kind: cmd or pipeline."}, []string{"kind"}),
+	}
+	reg.MustRegister(m.batchSizes, m.redisErrors)
+	return m
+}
+
+// redisErrorHook counts failed Redis commands.
+type redisErrorHook struct{ errs *prometheus.CounterVec }
+
+func (h redisErrorHook) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := next(ctx, network, addr)
+		if err != nil {
+			h.errs.WithLabelValues("dial").Inc()
+		}
+		return c, err
+	}
+}
+
+func (h redisErrorHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if err != nil && !errors.Is(err, redis.Nil) {
+			h.errs.WithLabelValues("cmd").Inc()
+		}
+		return err
+	}
+}
+
+func (h redisErrorHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		if err != nil && !errors.Is(err, redis.Nil) {
+			h.errs.WithLabelValues("pipeline").Inc()
+		}
+		return err
+	}
+}

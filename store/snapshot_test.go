@@ -1,0 +1,151 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/parley-im/parley/client"
+	"github.com/parley-im/parley/internal/parleytest"
+	"github.com/parley-im/parley/store"
+)
+
+// SnapshotBatch answers the snapshot requests of several users with one
+// statement, reading the rows of a range of events once for everyone who
+// asks for it. What each user gets must still be exactly their own
+// (invariant G1, PROTOCOL.md §4 snapshot): here three users whose
+// membership periods differ, asking for the same ranges in one batch, and
+// each request's answer equals the one it gets alone.
+func TestSnapshotBatchKeepsVisibilityPerUser(t *testing.T) {
+	env := parleytest.Start(t, parleytest.Config(t))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ana, ben, cy := env.User(t, "ana", 1)[0], env.User(t, "ben", 1)[0], env.User(t, "cy", 1)[0]
+	env.User(t, "dee", 1)
+	env.Group(t, "g", "ana", "ben") // seq 1: join ana, ben
+	dial := func(d parleytest.Device) *client.Conn {
+		c, err := client.Dial(ctx, env.Addr, d.ID, d.Token, client.DialOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	ca, cb, cc := dial(ana), dial(ben), dial(cy)
+	send := func(c *client.Conn, cmid string, want int64) {
+		t.Helper()
+		r, err := c.Send(ctx, "g", cmid, []byte(cmid))
+		if err != nil || r.Seq != want {
+			t.Fatalf("send %s: %+v, %v (want seq %d)", cmid, r, err, want)
+		}
+	}
+	send(ca, "m2", 2)
+	send(ca, "m3", 3)
+	if st := env.Admin(t, "POST", "/v1/conversations/g/members", map[string]any{"users": []string{"cy"}}, nil); st != http.StatusOK {
+		t.Fatalf("adding cy: %d", st) // seq 4
+	}
+	send(cb, "m5", 5)
+	if st := env.Admin(t, "DELETE", "/v1/conversations/g/members/ben", nil, nil); st != http.StatusOK {
+		t.Fatalf("removing ben: %d", st) // seq 6
+	}
+	send(ca, "m7", 7)
+	if _, err := ca.Recall(ctx, "g", 2); err != nil { // seq 8
+		t.Fatal(err)
+	}
+	send(cc, "m9", 9)
+
+	st, err := store.Open(ctx, env.Cfg.PostgresURL, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	// Visible: ana 1-9, ben [1, 6], cy [4, 9].
+	for _, tc := range []struct {
+		fullMax, tail int
+		qs            []store.SnapshotQuery
+		want          [][]string // per request, per item: "seqs/skipped" or the error
+	}{
+		{200, 50, []store.SnapshotQuery{
+			{User: "ana", Convs: []string{"g"}, Afters: []int64{0}},
+			{User: "ben", Convs: []string{"g"}, Afters: []int64{0}},
+			{User: "cy", Convs: []string{"g"}, Afters: []int64{0}},
+			{User: "ana", Convs: []string{"g"}, Afters: []int64{0}}, // the same request again
+			{User: "ben", Convs: []string{"g", "g"}, Afters: []int64{3, 9}},
+			{User: "cy", Convs: []string{"nope", "g", "g"}, Afters: []int64{0, 3, 10}},
+			{User: "dee", Convs: []string{"g"}, Afters: []int64{0}},
+			{User: "ana", Convs: []string{"g\x00", "g\xff", "g"}, Afters: []int64{0, 0, -1}},
+		}, [][]string{
+			{"[1 2 3 4 5 6 7 8 9]/0"},
+			{"[1 2 3 4 5 6]/0"},
+			{"[4 5 6 7 8 9]/0"},
+			{"[1 2 3 4 5 6 7 8 9]/0"},
+			{"[4 5 6]/0", "[]/0"},
+			{"NOT_MEMBER", "[4 5 6 7 8 9]/0", "CURSOR_AHEAD"},
+			{"NOT_MEMBER"},
+			{"NOT_MEMBER", "NOT_MEMBER", "CURSOR_AHEAD"},
+		}},
+		{3, 2, []store.SnapshotQuery{ // gaps over 3 get the newest 2 visible events
+			{User: "ana", Convs: []string{"g", "g"}, Afters: []int64{0, 6}},
+			{User: "ben", Convs: []string{"g", "g"}, Afters: []int64{0, 6}},
+			{User: "cy", Convs: []string{"g", "g"}, Afters: []int64{0, 6}},
+		}, [][]string{
+			{"[8 9]/7", "[7 8 9]/0"},
+			{"[5 6]/4", "[]/0"},
+			{"[8 9]/4", "[7 8 9]/0"},
+		}},
+	} {
+		batch, err := st.SnapshotBatch(ctx, tc.qs, tc.fullMax, tc.tail)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, q := range tc.qs {
+			alone, err := st.Snapshot(ctx, q.User, q.Convs, q.Afters, tc.fullMax, tc.tail)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(batch[i]) != len(q.Convs) {
+				t.Fatalf("request %d: %d items for %d convs", i, len(batch[i]), len(q.Convs))
+			}
+			for j, it := range batch[i] {
+				got := fmt.Sprintf("%v/%d", seqs(it.Events), it.Skipped)
+				switch {
+				case errors.Is(it.Err, store.ErrNotMember):
+					got = "NOT_MEMBER"
+				case errors.Is(it.Err, store.ErrCursorAhead):
+					got = "CURSOR_AHEAD"
+				case it.Err != nil:
+					got = it.Err.Error()
+				}
+				if got != tc.want[i][j] {
+					t.Errorf("fullMax %d: %s's item %d (%s after %d) = %s, want %s", tc.fullMax, q.User, j, q.Convs[j], q.Afters[j], got, tc.want[i][j])
+				}
+				if it.Conv != q.Convs[j] {
+					t.Errorf("item %d of %s names %q, want %q", j, q.User, it.Conv, q.Convs[j])
+				}
+				if fmt.Sprintf("%+v", it) != fmt.Sprintf("%+v", alone[j]) {
+					t.Errorf("%s's item %d differs in a batch:\n batch %+v\n alone %+v", q.User, j, it, alone[j])
+				}
+				for _, e := range it.Events {
+					if e.Seq == 2 && (!e.Recalled || e.Body != nil) || e.Seq != 2 && e.Kind == store.KindMsg && string(e.Body) != fmt.Sprint("m", e.Seq) {
+						t.Errorf("%s's event %d: recalled %v body %q", q.User, e.Seq, e.Recalled, e.Body)
+					}
+				}
+				if it.Err == nil && (it.Head != 9 || it.Unread < 0) {
+					t.Errorf("%s's item %d: head %d unread %d", q.User, j, it.Head, it.Unread)
+				}
+			}
+		}
+	}
+}
+
+func seqs(evs []store.Event) []int64 {
+	out := []int64{}
+	for _, e := range evs {
+		out = append(out, e.Seq)
+	}
+	return slices.Clip(out)
+}
