@@ -933,6 +933,8 @@ func TestSlowConsumer(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make(chan error, workers)
 	var head atomic.Int64
+	var cmu sync.Mutex
+	var confirmed []int64
 	for range workers {
 		wg.Add(1)
 		go func() {
@@ -947,6 +949,9 @@ func TestSlowConsumer(t *testing.T) {
 					errs <- err
 					return
 				}
+				cmu.Lock()
+				confirmed = append(confirmed, ok.Seq)
+				cmu.Unlock()
 				for {
 					h := head.Load()
 					if ok.Seq <= h || head.CompareAndSwap(h, ok.Seq) {
@@ -1061,6 +1066,37 @@ func TestSlowConsumer(t *testing.T) {
 	s, err := ca.Sync(ctx, conv, cursor, 1000)
 	if err != nil || s.Head != head.Load() || int64(len(s.Events)) != head.Load()-cursor || s.More {
 		t.Fatalf("catch-up sync after %d = head %d, %d events, %v", cursor, s.Head, len(s.Events), err)
+	}
+	// The fault experiment's count: what the slow device ends up with
+	// (pushes up to its cursor, then the catch-up sync) against every
+	// confirmed message.
+	lost, dup, reordered := 0, 0, 0
+	have := map[int64]int{}
+	for seq := range got {
+		if seq <= cursor {
+			have[seq]++
+		}
+	}
+	prev := cursor
+	for _, e := range s.Events {
+		have[e.Seq]++
+		if e.Seq <= prev {
+			reordered++
+		}
+		prev = e.Seq
+	}
+	for _, seq := range confirmed {
+		switch have[seq] {
+		case 0:
+			lost++
+		case 1:
+		default:
+			dup++
+		}
+	}
+	t.Logf("slow consumer: %d confirmed messages: lost %d, duplicated %d, out of order %d", len(confirmed), lost, dup, reordered)
+	if lost+dup+reordered != 0 {
+		t.Fatalf("slow consumer: lost %d, duplicated %d, out of order %d", lost, dup, reordered)
 	}
 }
 
