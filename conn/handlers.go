@@ -317,7 +317,7 @@ func (g *Gateway) convs(ctx context.Context, s *Session, req *wire.Request) {
 			order.Rows = rows
 		}
 	}
-	items, more, backfill, err := g.deps.Store.Conversations(ctx, s.user, s.device, limit, cur, order)
+	items, more, next, backfill, err := g.deps.Store.Conversations(ctx, s.user, s.device, limit, cur, order)
 	if err != nil {
 		g.answer(s, req, err, nil)
 		return
@@ -335,9 +335,8 @@ func (g *Gateway) convs(ctx context.Context, s *Session, req *wire.Request) {
 			Mode: fanout.Mode(it.Members, g.cfg.WriteFanoutMax, g.cfg.OnlineFanoutMax), Epoch: it.Epoch, Head: it.Head,
 			MinSeq: it.MinSeq, Delivered: it.Delivered, Read: it.Read, Unread: it.Unread, LastTs: it.LastTs}
 	}
-	if more {
-		last := items[len(items)-1]
-		out.Cursor = encodeConvCursor(store.ConvCursor{LastTs: last.LastTs, Conv: last.Conv})
+	if more && next != nil {
+		out.Cursor = encodeConvCursor(*next)
 	}
 	g.answer(s, req, nil, out)
 }

@@ -19,6 +19,7 @@ package fanout
 import (
 	"context"
 	"errors"
+	"hash/fnv"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -67,7 +68,9 @@ type Fanout struct {
 	writeMax, onlineMax int
 	metrics             fanoutMetrics
 
-	queue   chan []eventlog.Committed
+	// One queue per worker; a conversation's events always go to the same
+	// worker, so its pushes leave in the order they were committed.
+	queues  []chan []eventlog.Committed
 	pending atomic.Int64 // events enqueued and not delivered yet
 	wg      sync.WaitGroup
 
@@ -85,11 +88,12 @@ type Fanout struct {
 func New(st *store.Store, routes *route.Table, bus *Bus, local Local, rows *Rows, writeMax, onlineMax int, log *slog.Logger, reg prometheus.Registerer, workers int) *Fanout {
 	f := &Fanout{st: st, routes: routes, bus: bus, local: local, rows: rows, writeMax: writeMax, onlineMax: onlineMax, log: log,
 		metrics: newFanoutMetrics(reg),
-		queue:   make(chan []eventlog.Committed, 4096),
 		dirty:   map[string]bool{}, stop: make(chan struct{})}
 	f.wg.Add(workers)
 	for i := 0; i < workers; i++ {
-		go f.work()
+		q := make(chan []eventlog.Committed, 4096/workers+1)
+		f.queues = append(f.queues, q)
+		go f.work(q)
 	}
 	f.wg.Add(1)
 	go f.advanceLoop()
@@ -100,7 +104,22 @@ func New(st *store.Store, routes *route.Table, bus *Bus, local Local, rows *Rows
 // is full, which slows committers down rather than losing pushes.
 func (f *Fanout) Enqueue(evs []eventlog.Committed) {
 	f.pending.Add(int64(len(evs)))
-	f.queue <- evs
+	if len(f.queues) == 1 {
+		f.queues[0] <- evs
+		return
+	}
+	parts := make([][]eventlog.Committed, len(f.queues))
+	for _, e := range evs {
+		h := fnv.New32a()
+		_, _ = h.Write([]byte(e.Conv))
+		i := h.Sum32() % uint32(len(f.queues))
+		parts[i] = append(parts[i], e)
+	}
+	for i, p := range parts {
+		if len(p) > 0 {
+			f.queues[i] <- p
+		}
+	}
 }
 
 // Pending is how many enqueued events have not been delivered yet.
@@ -109,7 +128,9 @@ func (f *Fanout) Pending() int64 { return f.pending.Load() }
 // Close delivers what is queued and stops the workers.
 func (f *Fanout) Close() {
 	f.closeOnce.Do(func() {
-		close(f.queue)
+		for _, q := range f.queues {
+			close(q)
+		}
 		close(f.stop)
 	})
 	f.wg.Wait()
@@ -158,15 +179,15 @@ func (f *Fanout) advance() {
 	}
 }
 
-func (f *Fanout) work() {
+func (f *Fanout) work(queue chan []eventlog.Committed) {
 	defer f.wg.Done()
-	for evs := range f.queue {
+	for evs := range queue {
 		// Take whatever else is queued too: one store query and one
 		// routing lookup serve them all.
 	more:
 		for len(evs) < 512 {
 			select {
-			case more, ok := <-f.queue:
+			case more, ok := <-queue:
 				if !ok {
 					break more
 				}

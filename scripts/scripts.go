@@ -82,28 +82,40 @@ func IsNoScript(err error) bool {
 }
 
 // RunPipelined runs queue (which adds EvalSha calls and other commands to
-// the pipeline) and executes it; if any command failed with NOSCRIPT it
-// reloads the scripts and runs the whole pipeline once more. The queued
-// commands must be idempotent (the scripts' max-merges are).
+// the pipeline) and executes it; if some commands failed with NOSCRIPT it
+// reloads the scripts and runs those commands once more, and only those:
+// on a cluster one node may lack the scripts (a replica promoted before it
+// got them) while the others ran theirs, and a script such as seq_alloc
+// must not run twice. It returns the pipeline's commands and the first
+// error among them.
 func RunPipelined(ctx context.Context, rdb redis.UniversalClient, queue func(redis.Pipeliner)) ([]redis.Cmder, error) {
-	fn := func(p redis.Pipeliner) error { queue(p); return nil }
-	cmds, err := rdb.Pipelined(ctx, fn)
-	if err == nil || !anyNoScript(cmds) {
-		return cmds, err
-	}
-	if lerr := Load(ctx, rdb); lerr != nil {
-		return cmds, errors.Join(err, lerr)
-	}
-	return rdb.Pipelined(ctx, fn)
-}
-
-func anyNoScript(cmds []redis.Cmder) bool {
+	cmds, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error { queue(p); return nil })
+	var again []redis.Cmder
 	for _, c := range cmds {
 		if IsNoScript(c.Err()) {
-			return true
+			again = append(again, c)
 		}
 	}
-	return false
+	if len(again) == 0 {
+		return cmds, err
+	}
+	// Even if a node cannot be reached, the ones that answered have them.
+	lerr := Load(ctx, rdb)
+	_, _ = rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, c := range again {
+			_ = p.Process(ctx, c)
+		}
+		return nil
+	})
+	for _, c := range cmds {
+		if err := c.Err(); err != nil {
+			if lerr != nil && IsNoScript(err) {
+				return cmds, errors.Join(err, lerr)
+			}
+			return cmds, err
+		}
+	}
+	return cmds, nil
 }
 
 // Loaded reports whether every script is loaded in Redis: on a cluster,

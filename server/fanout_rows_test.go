@@ -17,23 +17,12 @@ import (
 // rowsKey is the conversation-rows key of user (package fanout's layout).
 func rowsKey(prefix, user string) string { return prefix + "rows:{" + user + "}" }
 
-func redisOf(t *testing.T, url string) *redis.Client {
-	t.Helper()
-	opt, err := redis.ParseURL(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rdb := redis.NewClient(opt)
-	t.Cleanup(func() { rdb.Close() })
-	return rdb
-}
-
 // TestConvsOrderFollowsRows: sends in push-tier groups raise every
 // member's conversation row, and convs lists conversations newest first
 // by them, paged with cursor.
 func TestConvsOrderFollowsRows(t *testing.T) {
 	env := parleytest.Start(t, parleytest.Config(t))
-	rdb := redisOf(t, env.Cfg.RedisURL)
+	rdb := parleytest.RedisClient(t, env.Cfg)
 	ana := env.User(t, "ana", 1)
 	ben := env.User(t, "ben", 1)
 	env.User(t, "cy", 1)
@@ -108,7 +97,7 @@ func TestFaultFanoutWorkerKilledMidFanout(t *testing.T) {
 	cfg.FanoutWorkers = 0 // no reader here: the "dead" worker below takes every entry
 	cfg.FanoutClaimIdle = 500 * time.Millisecond
 	env := parleytest.Start(t, cfg)
-	rdb := redisOf(t, env.Cfg.RedisURL)
+	rdb := parleytest.RedisClient(t, env.Cfg)
 	const members = 6
 	var users []string
 	var devices []parleytest.Device

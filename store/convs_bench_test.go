@@ -59,7 +59,7 @@ func BenchmarkConvs(b *testing.B) {
 	defer rdb.Close()
 	rows := fanout.NewRows(rdb, prefix, "bench", fanout.RowsConfig{}, slog.New(slog.DiscardHandler), nil)
 	small := store.ConvOrder{SmallBelow: 200}
-	_, _, backfill, err := st.Conversations(ctx, benchUser, benchDevice, 100, nil, small)
+	_, _, _, backfill, err := st.Conversations(ctx, benchUser, benchDevice, 100, nil, small)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -76,7 +76,7 @@ func BenchmarkConvs(b *testing.B) {
 				if order.Rows, err = rows.Read(ctx, benchUser); err != nil {
 					b.Fatal(err)
 				}
-				items, _, _, err := st.Conversations(ctx, benchUser, benchDevice, limit, nil, order)
+				items, _, _, _, err := st.Conversations(ctx, benchUser, benchDevice, limit, nil, order)
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -167,9 +167,16 @@ type ConvOrder struct {
 // Conversations lists every conversation user is or was a member of,
 // newest visible activity first, from one REPEATABLE READ snapshot, at
 // most limit items after cur (nil: from the top). more is true if items
-// follow. backfill holds the rows of push-tier conversations that had to
-// be probed (missing from order.Rows or behind), for the caller to write.
-func (s *Store) Conversations(ctx context.Context, user, device string, limit int, cur *ConvCursor, order ConvOrder) (items []ConvItem, more bool, backfill map[string]int64, err error) {
+// follow; next is then the cursor of the following page. backfill holds
+// the rows of push-tier conversations that had to be probed (missing from
+// order.Rows) or that were behind their log, for the caller to write.
+//
+// The page is chosen in row order; each item's last_ts, like everything
+// else in it, is read from the log in the same snapshot, and the page is
+// listed by it (a row that lags a commit by the fan-out delay can only
+// misplace its conversation across a page boundary, never show a
+// last_ts older than its head).
+func (s *Store) Conversations(ctx context.Context, user, device string, limit int, cur *ConvCursor, order ConvOrder) (items []ConvItem, more bool, next *ConvCursor, backfill map[string]int64, err error) {
 	err = s.readTx(ctx, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, `SELECT m.conv_id, c.member_count, max(coalesce(m.to_seq, $2))
 			FROM membership_periods m JOIN conversations c ON c.conv_id = m.conv_id
@@ -180,6 +187,7 @@ func (s *Store) Conversations(ctx context.Context, user, device string, limit in
 		type conv struct {
 			id     string
 			lastTs int64
+			lastTo int64 // end of the user's last period (max int64: open)
 		}
 		var all []conv
 		var probe []string
@@ -195,7 +203,7 @@ func (s *Store) Conversations(ctx context.Context, user, device string, limit in
 			if members < order.SmallBelow {
 				small[id] = true
 				if ts, ok := order.Rows[id]; ok {
-					all = append(all, conv{id, ts})
+					all = append(all, conv{id, ts, lastTo})
 					continue
 				}
 			}
@@ -209,7 +217,7 @@ func (s *Store) Conversations(ctx context.Context, user, device string, limit in
 			// last_ts is the ts of the newest non-hole event at or below
 			// the end of the user's last period: that event is visible,
 			// since the last period starts with the user's own join.
-			rows, err := tx.Query(ctx, `SELECT k.conv, lv.ts
+			rows, err := tx.Query(ctx, `SELECT k.conv, lv.ts, k.last_to
 				FROM unnest($1::text[], $2::bigint[]) AS k(conv, last_to)
 				CROSS JOIN LATERAL (SELECT e.ts FROM events e
 				                     WHERE e.conv_id = k.conv AND e.seq <= k.last_to AND e.kind <> 0
@@ -219,7 +227,7 @@ func (s *Store) Conversations(ctx context.Context, user, device string, limit in
 			}
 			for rows.Next() {
 				var c conv
-				if err := rows.Scan(&c.id, &c.lastTs); err != nil {
+				if err := rows.Scan(&c.id, &c.lastTs, &c.lastTo); err != nil {
 					rows.Close()
 					return err
 				}
@@ -242,7 +250,7 @@ func (s *Store) Conversations(ctx context.Context, user, device string, limit in
 			return strings.Compare(a.id, b.id)
 		})
 		if cur != nil {
-			i, _ := slices.BinarySearchFunc(all, conv{cur.Conv, cur.LastTs}, func(a, t conv) int {
+			i, _ := slices.BinarySearchFunc(all, conv{id: cur.Conv, lastTs: cur.LastTs}, func(a, t conv) int {
 				if a.lastTs != t.lastTs {
 					return cmp.Compare(t.lastTs, a.lastTs)
 				}
@@ -255,16 +263,20 @@ func (s *Store) Conversations(ctx context.Context, user, device string, limit in
 		}
 		if len(all) > limit {
 			all, more = all[:limit], true
+			last := all[len(all)-1]
+			next = &ConvCursor{LastTs: last.lastTs, Conv: last.id}
 		}
 		if len(all) == 0 {
 			return nil
 		}
 		ids := make([]string, len(all))
-		lastTs := make([]int64, len(all))
+		lastTo := make([]int64, len(all))
+		score := make(map[string]int64, len(all))
 		for i, c := range all {
-			ids[i], lastTs[i] = c.id, c.lastTs
+			ids[i], lastTo[i] = c.id, c.lastTo
+			score[c.id] = c.lastTs
 		}
-		rows, err = tx.Query(ctx, conversationsSQL, user, device, ids, lastTs)
+		rows, err = tx.Query(ctx, conversationsSQL, user, device, ids, lastTo)
 		if err != nil {
 			return err
 		}
@@ -274,22 +286,43 @@ func (s *Store) Conversations(ctx context.Context, user, device string, limit in
 				&it.Delivered, &it.Read, &it.LastTs, &it.Unread)
 			return it, err
 		})
-		return err
+		if err != nil {
+			return err
+		}
+		for _, it := range items {
+			if small[it.Conv] && it.LastTs > score[it.Conv] {
+				if backfill == nil {
+					backfill = map[string]int64{}
+				}
+				backfill[it.Conv] = it.LastTs
+			}
+		}
+		slices.SortStableFunc(items, func(a, b ConvItem) int {
+			if a.LastTs != b.LastTs {
+				return cmp.Compare(b.LastTs, a.LastTs)
+			}
+			return strings.Compare(a.Conv, b.Conv)
+		})
+		return nil
 	})
 	if err != nil {
-		return nil, false, nil, err
+		return nil, false, nil, nil, err
 	}
-	return items, more, backfill, nil
+	return items, more, next, backfill, nil
 }
 
 // conversationsSQL: $1 user, $2 device, ($3, $4) the page's conversations
-// and their last_ts, in order.
+// and the end of the user's last period in each. last_ts is the ts of the
+// newest non-hole event at or below that end: that event is visible, since
+// the last period starts with the user's own join.
 const conversationsSQL = `
 SELECT p.conv_id, c.kind, c.title, c.member_count, c.epoch, c.min_seq,
        (SELECT coalesce(max(seq), 0) FROM events WHERE conv_id = p.conv_id),
-       coalesce(dc.delivered_seq, 0), coalesce(rp.read_seq, 0), p.last_ts,
+       coalesce(dc.delivered_seq, 0), coalesce(rp.read_seq, 0),
+       coalesce((SELECT e.ts FROM events e WHERE e.conv_id = p.conv_id AND e.seq <= p.last_to AND e.kind <> 0
+                  ORDER BY e.seq DESC LIMIT 1), 0),
        parley_unread(p.conv_id, $1, coalesce(rp.read_seq, 0))
-  FROM unnest($3::text[], $4::bigint[]) WITH ORDINALITY AS p(conv_id, last_ts, i)
+  FROM unnest($3::text[], $4::bigint[]) WITH ORDINALITY AS p(conv_id, last_to, i)
   JOIN conversations c ON c.conv_id = p.conv_id
   LEFT JOIN device_cursors dc ON dc.device_id = $2 AND dc.conv_id = p.conv_id
   LEFT JOIN read_positions rp ON rp.user_id = $1 AND rp.conv_id = p.conv_id
