@@ -68,6 +68,7 @@ const (
 	rowsGroup     = "rows"
 	maxRetryJobs  = 100000
 	maxEntryUsers = 10000
+	appendLinger  = 10 * time.Millisecond
 )
 
 type rowsMetrics struct {
@@ -179,11 +180,14 @@ func (r *Rows) appender() {
 		case js := <-r.queue:
 			jobs = js
 		}
-		// One entry carries at most about maxEntryUsers row writes.
+		// One entry carries the jobs of up to appendLinger (at most about
+		// maxEntryUsers row writes): a few milliseconds of lag buys one
+		// XADD, one XREADGROUP and one acknowledgement for many messages.
 		users := 0
 		for _, j := range jobs {
 			users += len(j.Users)
 		}
+		linger := time.NewTimer(appendLinger)
 	more:
 		for users < maxEntryUsers {
 			select {
@@ -192,10 +196,13 @@ func (r *Rows) appender() {
 				for _, j := range js {
 					users += len(j.Users)
 				}
-			default:
+			case <-linger.C:
+				break more
+			case <-r.stop:
 				break more
 			}
 		}
+		linger.Stop()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		r.append(ctx, jobs)
 		cancel()
