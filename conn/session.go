@@ -103,14 +103,31 @@ func (s *Session) drain() {
 	}
 }
 
-// reply encodes v and queues it; replies are never dropped.
+// reply encodes v and queues it; replies are never dropped. It encodes
+// straight into the outbox (whose buffer is reused from write to write),
+// so an idle connection's pings make no garbage but the boxed reply.
 func (s *Session) reply(v any) {
-	frame, err := wire.AppendFrame(nil, v)
+	if s.closed.Load() {
+		return
+	}
+	s.omu.Lock()
+	if len(s.out)+s.backlog > 2*s.g.cfg.MaxOutbound {
+		s.omu.Unlock()
+		s.g.metrics.drops.WithLabelValues("slow_device_closed").Inc()
+		s.close()
+		return
+	}
+	n := len(s.out)
+	out, err := wire.AppendFrame(s.out, v)
 	if err != nil {
+		s.out = out[:n]
+		s.omu.Unlock()
 		s.g.log.Error("encoding reply", "err", err)
 		return
 	}
-	s.write(frame, "", 0)
+	s.out = out
+	s.flushLocked()
+	s.omu.Unlock()
 }
 
 // push queues a frame that may be dropped for a slow device: conv and seq
