@@ -224,6 +224,26 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Server, e
 	return s, nil
 }
 
+// MetricSum returns the sum of every sample of the named metric in this
+// process's registry (counters and gauges; 0 if absent): for tests and
+// benchmarks that run the server in process.
+func (s *Server) MetricSum(name string) float64 {
+	mfs, err := s.reg.Gather()
+	if err != nil {
+		return 0
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	return sum
+}
+
 // FanoutPending is how many committed events wait for fan-out (tests use
 // it to wait until pushes went out).
 func (s *Server) FanoutPending() int64 { return s.fan.Pending() }
