@@ -100,14 +100,8 @@ func NewRows(rdb redis.UniversalClient, prefix, consumer string, cfg RowsConfig,
 	return r
 }
 
-// Key is the rows key of user.
-func (r *Rows) Key(user string) string { return r.prefix + "rows:{" + user + "}" }
-
-// Stream is the fan-out stream's key.
-func (r *Rows) Stream() string { return r.stream }
-
-// Group is the stream's consumer group.
-func (r *Rows) Group() string { return rowsGroup }
+// key is the rows key of user.
+func (r *Rows) key(user string) string { return r.prefix + "rows:{" + user + "}" }
 
 // Start creates the consumer group if needed and starts the workers.
 func (r *Rows) Start(ctx context.Context) error {
@@ -295,7 +289,7 @@ func (r *Rows) process(msgs []redis.XMessage) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := r.Apply(ctx, jobs); err != nil {
+	if err := r.apply(ctx, jobs); err != nil {
 		r.log.Debug("writing rows; the entries stay pending", "err", err)
 		return
 	}
@@ -309,8 +303,8 @@ func (r *Rows) process(msgs []redis.XMessage) {
 	}
 }
 
-// Apply writes the rows of jobs (ZADD GT: idempotent, never lowers a row).
-func (r *Rows) Apply(ctx context.Context, jobs []RowJob) error {
+// apply writes the rows of jobs (ZADD GT: idempotent, never lowers a row).
+func (r *Rows) apply(ctx context.Context, jobs []RowJob) error {
 	type key struct{ user, conv string }
 	top := map[key]int64{}
 	for _, j := range jobs {
@@ -326,7 +320,7 @@ func (r *Rows) Apply(ctx context.Context, jobs []RowJob) error {
 	}
 	_, err := r.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for k, ts := range top {
-			p.ZAddGT(ctx, r.Key(k.user), redis.Z{Score: float64(ts), Member: k.conv})
+			p.ZAddGT(ctx, r.key(k.user), redis.Z{Score: float64(ts), Member: k.conv})
 		}
 		return nil
 	})
@@ -400,7 +394,7 @@ func (r *Rows) reclaim(ctx context.Context) {
 
 // Read returns user's rows: conversation → ts of its newest visible event.
 func (r *Rows) Read(ctx context.Context, user string) (map[string]int64, error) {
-	zs, err := r.rdb.ZRangeWithScores(ctx, r.Key(user), 0, -1).Result()
+	zs, err := r.rdb.ZRangeWithScores(ctx, r.key(user), 0, -1).Result()
 	if err != nil {
 		return nil, err
 	}
@@ -422,5 +416,5 @@ func (r *Rows) Backfill(ctx context.Context, user string, rows map[string]int64)
 	for c, ts := range rows {
 		zs = append(zs, redis.Z{Score: float64(ts), Member: c})
 	}
-	return r.rdb.ZAddGT(ctx, r.Key(user), zs...).Err()
+	return r.rdb.ZAddGT(ctx, r.key(user), zs...).Err()
 }

@@ -1,6 +1,7 @@
 package fanout
 
 import (
+	"cmp"
 	"context"
 	"slices"
 
@@ -39,7 +40,7 @@ func (f *Fanout) deliverBig(ctx context.Context, evs []eventlog.Committed) error
 	var firstErr error
 	for _, conv := range order {
 		ces := byConv[conv]
-		slices.SortFunc(ces, func(a, b eventlog.Committed) int { return int(a.Seq - b.Seq) })
+		slices.SortFunc(ces, func(a, b eventlog.Committed) int { return cmp.Compare(a.Seq, b.Seq) })
 		if err := f.indexJoins(ctx, ces); err != nil && firstErr == nil {
 			firstErr = err
 		}

@@ -100,7 +100,7 @@ func (t *Table) RemoveOnlineEntries(ctx context.Context, es []OnlineEntry) error
 	}
 	_, err := scripts.RunPipelined(ctx, t.rdb, func(p redis.Pipeliner) {
 		for _, e := range es {
-			scripts.OnlineDel.EvalSha(ctx, p, []string{t.onlineKey(e.Conv)}, e.Device, strconv.FormatInt(e.Token, 10))
+			scripts.RouteDel.EvalSha(ctx, p, []string{t.onlineKey(e.Conv)}, e.Device, strconv.FormatInt(e.Token, 10))
 		}
 	})
 	if err != nil {

@@ -29,21 +29,18 @@ var (
 	routeSetSrc string
 	//go:embed route_del.lua
 	routeDelSrc string
-	//go:embed online_del.lua
-	onlineDelSrc string
 )
 
 // The scripts.
 var (
-	SeqAlloc  = redis.NewScript(seqAllocSrc)
-	SeqFloor  = redis.NewScript(seqFloorSrc)
-	HashMax   = redis.NewScript(hashMaxSrc)
-	RouteSet  = redis.NewScript(routeSetSrc)
-	RouteDel  = redis.NewScript(routeDelSrc)
-	OnlineDel = redis.NewScript(onlineDelSrc)
+	SeqAlloc = redis.NewScript(seqAllocSrc)
+	SeqFloor = redis.NewScript(seqFloorSrc)
+	HashMax  = redis.NewScript(hashMaxSrc)
+	RouteSet = redis.NewScript(routeSetSrc)
+	RouteDel = redis.NewScript(routeDelSrc)
 )
 
-var all = []*redis.Script{SeqAlloc, SeqFloor, HashMax, RouteSet, RouteDel, OnlineDel}
+var all = []*redis.Script{SeqAlloc, SeqFloor, HashMax, RouteSet, RouteDel}
 
 // Load loads every script into Redis. On a cluster it loads them into
 // every master (it fails if one cannot be reached: EVALSHA goes there) and,

@@ -147,6 +147,7 @@ func tierScenario(t *testing.T, writeMax, onlineMax int) (result string, modes [
 	quiesce()
 	mode()
 	send(a, "a4")
+	quiesce() // a4's fan-out before d connects: d must not get it pushed
 	d := connect(devs["d"][0])
 	quiesce()
 	send(cc, "c2")
@@ -154,6 +155,7 @@ func tierScenario(t *testing.T, writeMax, onlineMax int) (result string, modes [
 	e.Close()
 	quiesce()
 	send(b1, "b3")
+	quiesce() // b3's fan-out before e is back: e must not get it pushed
 	e = connect(devs["e"][0])
 	quiesce()
 	send(d, "d1")
