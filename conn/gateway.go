@@ -348,29 +348,39 @@ func (g gnetLogger) Warnf(f string, a ...any)  { g.l.Warn("gnet", "msg", fmt.Spr
 func (g gnetLogger) Errorf(f string, a ...any) { g.l.Error("gnet", "msg", fmt.Sprintf(f, a...)) }
 func (g gnetLogger) Fatalf(f string, a ...any) { g.l.Error("gnet fatal", "msg", fmt.Sprintf(f, a...)) }
 
-// Reregister writes the routing entry of every authenticated connection
-// again, with its own fencing token (after Redis lost the table).
-func (g *Gateway) Reregister(ctx context.Context) {
+// Reregister writes the routing entry (and online-index entries) of every
+// authenticated connection again, with its own fencing token (after Redis
+// lost them). A connection that fails does not stop the others; the
+// error says how many failed, for the caller to try again.
+func (g *Gateway) Reregister(ctx context.Context) error {
 	g.mu.RLock()
 	ss := make([]*Session, 0, len(g.devices))
 	for _, s := range g.devices {
 		ss = append(ss, s)
 	}
 	g.mu.RUnlock()
+	failed := 0
+	var firstErr error
 	for _, s := range ss {
-		if _, _, err := g.deps.Routes.Register(ctx, s.user, s.device, s.token); errors.Is(err, route.ErrFenced) {
+		_, _, err := g.deps.Routes.Register(ctx, s.user, s.device, s.token)
+		if errors.Is(err, route.ErrFenced) {
 			s.kickOut("replaced")
 			continue
-		} else if err != nil {
-			g.log.Warn("re-registering routes", "err", err)
-			return
 		}
-		if g.deps.Online != nil {
-			if err := g.deps.Online(ctx, s.user, s.device, s.token); err != nil {
-				g.log.Warn("re-registering the online index", "err", err)
-				return
+		if err == nil && g.deps.Online != nil {
+			err = g.deps.Online(ctx, s.user, s.device, s.token)
+		}
+		if err != nil {
+			failed++
+			if firstErr == nil {
+				firstErr = err
 			}
 		}
 	}
+	if failed > 0 {
+		g.log.Warn("re-registering routes", "connections", len(ss), "failed", failed, "err", firstErr)
+		return fmt.Errorf("re-registering %d of %d connections: %w", failed, len(ss), firstErr)
+	}
 	g.log.Info("re-registered routes after Redis lost them", "connections", len(ss))
+	return nil
 }

@@ -366,15 +366,19 @@ func (s *Server) keepLease() {
 				// entries, or Redis lost them too. Re-register every
 				// connection with its own token, so a newer connection
 				// elsewhere still wins.
-				s.gw.Reregister(ctx)
 				again = 2
+				if s.gw.Reregister(ctx) != nil {
+					again = 3 // some failed: keep trying on the next ticks
+				}
 			} else if again > 0 {
 				// And on the next two ticks: a gateway that read our lease
 				// just before the renewal may reap an entry right after it
 				// was re-registered, and on a cluster a re-registration can
 				// be cut short by a shard still failing over.
 				again--
-				s.gw.Reregister(ctx)
+				if s.gw.Reregister(ctx) != nil {
+					again = max(again, 1)
+				}
 			}
 			cancel()
 		}
