@@ -216,44 +216,38 @@ func (l *Log) insertBatch(ctx context.Context, items []*pendingSend) ([]store.In
 		}
 		counts[i]++
 	}
-	first, err := l.seqs.Alloc(ctx, convs, counts)
-	if err != nil {
-		if errors.Is(err, store.ErrNotFound) {
-			return l.insertSplit(ctx, items)
-		}
-		return nil, nil, err
-	}
+	// One allocation per conversation; a conversation whose allocation
+	// failed (it does not exist, or its Redis shard is failing over) fails
+	// its own sends, and the others go on with the seqs they got.
+	first, errs := l.seqs.AllocEach(ctx, convs, counts)
 	ts := l.now().UnixMilli()
-	msgs := make([]store.NewMessage, len(items))
-	for k, it := range items {
-		i := index[it.msg.Conv]
-		msgs[k] = store.NewMessage{Conv: it.msg.Conv, Sender: it.msg.Sender, Cmid: it.msg.Cmid, Body: it.msg.Body, Seq: first[i], Ts: ts}
-		first[i]++
-	}
-	res, err := l.st.InsertMessages(ctx, msgs, l.cfg.RecipientsBelow)
-	return res, msgs, err
-}
-
-// insertSplit handles a batch that names a conversation that does not
-// exist: those sends fail NOT_MEMBER (ids cannot be probed), the rest go on.
-func (l *Log) insertSplit(ctx context.Context, items []*pendingSend) ([]store.InsertResult, []store.NewMessage, error) {
 	results := make([]store.InsertResult, len(items))
 	msgs := make([]store.NewMessage, len(items))
-	for i, it := range items {
-		first, err := l.seqs.AllocOne(ctx, it.msg.Conv)
-		if errors.Is(err, store.ErrNotFound) {
-			results[i].Err = store.ErrNotMember
+	var at []int
+	var batch []store.NewMessage
+	for k, it := range items {
+		i := index[it.msg.Conv]
+		if err := errs[i]; err != nil {
+			if errors.Is(err, store.ErrNotFound) {
+				err = store.ErrNotMember // ids cannot be probed
+			}
+			results[k].Err = err
 			continue
 		}
-		if err != nil {
-			return nil, nil, err
-		}
-		msgs[i] = store.NewMessage{Conv: it.msg.Conv, Sender: it.msg.Sender, Cmid: it.msg.Cmid, Body: it.msg.Body, Seq: first, Ts: l.now().UnixMilli()}
-		r, err := l.st.InsertMessages(ctx, msgs[i:i+1], l.cfg.RecipientsBelow)
-		if err != nil {
-			return nil, nil, err
-		}
-		results[i] = r[0]
+		msgs[k] = store.NewMessage{Conv: it.msg.Conv, Sender: it.msg.Sender, Cmid: it.msg.Cmid, Body: it.msg.Body, Seq: first[i], Ts: ts}
+		first[i]++
+		at = append(at, k)
+		batch = append(batch, msgs[k])
+	}
+	if len(batch) == 0 {
+		return results, msgs, nil
+	}
+	res, err := l.st.InsertMessages(ctx, batch, l.cfg.RecipientsBelow)
+	if err != nil {
+		return nil, msgs, err
+	}
+	for j, k := range at {
+		results[k] = res[j]
 	}
 	return results, msgs, nil
 }

@@ -37,32 +37,48 @@ func New(rdb redis.UniversalClient, prefix string, floor FloorFunc) *Allocator {
 func (a *Allocator) Key(conv string) string { return a.prefix + "seq:{" + conv + "}" }
 
 // Alloc allocates ns[i] consecutive seqs for convs[i] (convs distinct) in
-// one pipeline and returns the first seq of each range.
+// one pipeline and returns the first seq of each range, or the first
+// error of any conversation.
 func (a *Allocator) Alloc(ctx context.Context, convs []string, ns []int64) ([]int64, error) {
-	cmds, err := a.allocPipelined(ctx, convs, ns)
-	if err != nil {
-		return nil, err
+	first, errs := a.AllocEach(ctx, convs, ns)
+	for _, err := range errs {
+		if err != nil {
+			return nil, err
+		}
 	}
+	return first, nil
+}
+
+// AllocEach is Alloc with an error per conversation: on Redis Cluster one
+// shard can fail (a failover) while the others allocate, and those seqs
+// must be used, not left as holes.
+func (a *Allocator) AllocEach(ctx context.Context, convs []string, ns []int64) ([]int64, []error) {
 	first := make([]int64, len(convs))
+	errs := make([]error, len(convs))
+	cmds := a.allocPipelined(ctx, convs, ns)
 	for i, c := range cmds {
 		last, err := c.Int64()
 		if err != nil {
-			return nil, fmt.Errorf("seq: %w", err)
+			errs[i] = fmt.Errorf("seq: %w", err)
+			continue
 		}
 		if last < 0 { // counter missing: re-seed from PostgreSQL, then allocate
 			if err := a.Reseed(ctx, convs[i]); err != nil {
-				return nil, err
+				errs[i] = err
+				continue
 			}
 			if last, err = scripts.SeqAlloc.Run(ctx, a.rdb, []string{a.Key(convs[i])}, ns[i]).Int64(); err != nil {
-				return nil, fmt.Errorf("seq: %w", err)
+				errs[i] = fmt.Errorf("seq: %w", err)
+				continue
 			}
 			if last < 0 {
-				return nil, errors.New("seq: counter vanished while re-seeding")
+				errs[i] = errors.New("seq: counter vanished while re-seeding")
+				continue
 			}
 		}
 		first[i] = last - ns[i] + 1
 	}
-	return first, nil
+	return first, errs
 }
 
 // AllocOne allocates one seq of conv.
@@ -74,17 +90,16 @@ func (a *Allocator) AllocOne(ctx context.Context, conv string) (int64, error) {
 	return s[0], nil
 }
 
-func (a *Allocator) allocPipelined(ctx context.Context, convs []string, ns []int64) ([]*redis.Cmd, error) {
+// allocPipelined runs seq_alloc for every conversation in one pipeline;
+// each command carries its own result or error.
+func (a *Allocator) allocPipelined(ctx context.Context, convs []string, ns []int64) []*redis.Cmd {
 	cmds := make([]*redis.Cmd, len(convs))
-	_, err := scripts.RunPipelined(ctx, a.rdb, func(p redis.Pipeliner) {
+	_, _ = scripts.RunPipelined(ctx, a.rdb, func(p redis.Pipeliner) {
 		for i, conv := range convs {
 			cmds[i] = scripts.SeqAlloc.EvalSha(ctx, p, []string{a.Key(conv)}, ns[i])
 		}
 	})
-	if err != nil && !errors.Is(err, redis.Nil) {
-		return nil, fmt.Errorf("seq: %w", err)
-	}
-	return cmds, nil
+	return cmds
 }
 
 // Reseed raises conv's counter to at least the highest committed seq.
