@@ -174,11 +174,6 @@ func (c *RedisCluster) start(n *clusterNode) error {
 	// load it.
 	dump := fmt.Sprintf("dump-%d.rdb", n.port)
 	os.Remove(filepath.Join(c.dir, dump))
-	logf, err := os.OpenFile(n.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return err
-	}
-	defer logf.Close() // the child has its own copy
 	port := n.port
 	cmd := exec.Command(c.bin,
 		"--cluster-enabled", "yes",
@@ -199,37 +194,22 @@ func (c *RedisCluster) start(n *clusterNode) error {
 		"--logfile", "", // stdout, which is the log file
 	)
 	cmd.Dir = c.dir
-	cmd.Stdout, cmd.Stderr = logf, logf
 	setDeathSignal(cmd)
-	if err := cmd.Start(); err != nil {
+	done, err := launch(cmd, n.log)
+	if err != nil {
 		return err
 	}
-	done := make(chan struct{})
-	go func() {
-		cmd.Wait()
-		close(done)
-	}()
 	n.mu.Lock()
 	n.cmd, n.done = cmd, done
 	n.mu.Unlock()
-
-	deadline := time.Now().Add(setupTimeout)
-	for {
-		select {
-		case <-done:
-			return fmt.Errorf("cluster node on port %d exited at start-up (%v); its log:\n%s", port, cmd.ProcessState, tail(n.log, 20))
-		default:
-		}
-		err := ping(n.addr())
-		if err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) {
+	err = waitReady(fmt.Sprintf("cluster node on port %d", port), cmd, done, n.log, func() error { return ping(n.addr()) })
+	if err != nil {
+		if _, exited := err.(errExited); !exited {
 			n.stop()
-			return fmt.Errorf("cluster node on port %d does not answer PING after %v: %v", port, setupTimeout, err)
 		}
-		time.Sleep(10 * time.Millisecond)
+		return err
 	}
+	return nil
 }
 
 // stop kills the process (SIGKILL) if it runs and waits for it to exit.

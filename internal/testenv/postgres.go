@@ -211,12 +211,6 @@ func (s *PostgresServer) Kill() {
 // start launches the postmaster on s.port and waits until it accepts
 // connections to the postgres database.
 func (s *PostgresServer) start() error {
-	logf, err := os.OpenFile(s.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return err
-	}
-	defer logf.Close() // the child has its own copy
-	_ = os.Chown(s.log, int(s.uid), int(s.gid))
 	cmd := s.command(filepath.Join(s.bin, "postgres"), "-D", s.data,
 		"-p", strconv.Itoa(s.port),
 		"-k", s.sockDir,
@@ -230,41 +224,24 @@ func (s *PostgresServer) start() error {
 		"-c", "log_min_messages=warning",
 		"-c", "log_line_prefix=%m [%p] ",
 	)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
+	done, err := launch(cmd, s.log)
+	if err != nil {
 		return err
 	}
-	done := make(chan struct{})
-	go func() {
-		cmd.Wait()
-		close(done)
-	}()
+	_ = os.Chown(s.log, int(s.uid), int(s.gid))
 	s.mu.Lock()
 	s.cmd, s.done = cmd, done
 	s.mu.Unlock()
-
-	deadline := time.Now().Add(setupTimeout)
-	for {
-		select {
-		case <-done:
-			s.mu.Lock()
-			s.cmd, s.done = nil, nil
-			s.mu.Unlock()
-			_ = reapGroup(cmd.Process.Pid, 0)
-			return fmt.Errorf("postgres on port %d exited at start-up (%v); its log:\n%s",
-				s.port, cmd.ProcessState, tail(s.log, 20))
-		default:
-		}
-		err := s.ping()
-		if err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			s.stop(true)
-			return fmt.Errorf("postgres on port %d does not accept connections after %v: %v", s.port, setupTimeout, err)
-		}
-		time.Sleep(10 * time.Millisecond)
+	err = waitReady(fmt.Sprintf("postgres on port %d", s.port), cmd, done, s.log, s.ping)
+	if _, exited := err.(errExited); exited {
+		s.mu.Lock()
+		s.cmd, s.done = nil, nil
+		s.mu.Unlock()
+		_ = reapGroup(cmd.Process.Pid, 0)
+	} else if err != nil {
+		s.stop(true)
 	}
+	return err
 }
 
 // ping connects to the postgres database once.

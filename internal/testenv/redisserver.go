@@ -120,11 +120,6 @@ func (s *RedisServer) start() error {
 	os.Remove(filepath.Join(s.dir, "dump.rdb"))
 	os.RemoveAll(filepath.Join(s.dir, "appendonlydir"))
 
-	logf, err := os.OpenFile(s.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return err
-	}
-	defer logf.Close() // the child has its own copy
 	cmd := exec.Command(s.bin,
 		"--port", fmt.Sprint(s.port),
 		"--bind", "127.0.0.1",
@@ -135,39 +130,22 @@ func (s *RedisServer) start() error {
 		"--logfile", "", // log to stdout, which is the log file
 	)
 	cmd.Dir = s.dir
-	cmd.Stdout = logf
-	cmd.Stderr = logf
 	setDeathSignal(cmd)
-	if err := cmd.Start(); err != nil {
+	done, err := launch(cmd, s.log)
+	if err != nil {
 		return err
 	}
-	done := make(chan struct{})
-	go func() {
-		cmd.Wait()
-		close(done)
-	}()
 	s.mu.Lock()
 	s.cmd, s.done = cmd, done
 	s.mu.Unlock()
-
-	deadline := time.Now().Add(setupTimeout)
-	for {
-		select {
-		case <-done:
-			return fmt.Errorf("redis-server on port %d exited at start-up (%v); its log:\n%s",
-				s.port, cmd.ProcessState, tail(s.log, 20))
-		default:
-		}
-		err := ping(s.Addr())
-		if err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) {
+	err = waitReady(fmt.Sprintf("redis-server on port %d", s.port), cmd, done, s.log, func() error { return ping(s.Addr()) })
+	if err != nil {
+		if _, exited := err.(errExited); !exited {
 			s.stop()
-			return fmt.Errorf("redis-server on port %d does not answer PING after %v: %v", s.port, setupTimeout, err)
 		}
-		time.Sleep(10 * time.Millisecond)
+		return err
 	}
+	return nil
 }
 
 // ping sends one PING over a fresh connection. (Not go-redis: its pool logs
