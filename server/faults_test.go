@@ -548,6 +548,19 @@ func faultRoutedTo(t *testing.T, rdb redis.UniversalClient, prefix, user string)
 
 func faultFixed(addr string) func() string { return func() string { return addr } }
 
+// onOneGateway connects every participant to the gateway at addr: rcv as
+// receivers, the first three of snd as bare-connection senders, and the
+// fourth as a client-library sender that also receives.
+func (r *faultRun) onOneGateway(addr string, snd, rcv []parleytest.Device) {
+	for _, d := range rcv {
+		r.receiver(d.User, addr, d)
+	}
+	for _, d := range snd[:3] {
+		r.connSender(d.User, faultFixed(addr), d)
+	}
+	r.clientSender(snd[3].User, r.receiver(snd[3].User, addr, snd[3]).c)
+}
+
 // TestFaultRedisRestartedEmptyMidLoad: the private Redis is killed mid-load
 // and restarted empty. Sends get UNAVAILABLE meanwhile; nothing confirmed is
 // lost; the counters are re-seeded from PostgreSQL; the gateway's lease
@@ -564,13 +577,7 @@ func TestFaultRedisRestartedEmptyMidLoad(t *testing.T) {
 	snd, rcv := faultUsers(t, env.AdminURL, 4, 4)
 
 	run := newFaultRun(t, "redis-restart", cfg.PostgresURL)
-	for _, d := range rcv {
-		run.receiver(d.User, env.Addr, d)
-	}
-	for _, d := range snd[:3] {
-		run.connSender(d.User, faultFixed(env.Addr), d)
-	}
-	run.clientSender(snd[3].User, run.receiver(snd[3].User, env.Addr, snd[3]).c)
+	run.onOneGateway(env.Addr, snd, rcv)
 
 	run.warmUp(60)
 	rdb := redis.NewClient(mustParse(t, rs.URL()))
@@ -826,13 +833,7 @@ func TestFaultPostgresRestartedMidLoad(t *testing.T) {
 	snd, rcv := faultUsers(t, env.AdminURL, 4, 4)
 
 	run := newFaultRun(t, "postgres-restart", cfg.PostgresURL)
-	for _, d := range rcv {
-		run.receiver(d.User, env.Addr, d)
-	}
-	for _, d := range snd[:3] {
-		run.connSender(d.User, faultFixed(env.Addr), d)
-	}
-	run.clientSender(snd[3].User, run.receiver(snd[3].User, env.Addr, snd[3]).c)
+	run.onOneGateway(env.Addr, snd, rcv)
 
 	run.warmUp(60)
 	down := time.Now()

@@ -14,6 +14,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	mrand "math/rand/v2"
 	"net"
@@ -26,6 +27,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -88,8 +90,25 @@ func PostgresURL(t testing.TB) string {
 			return
 		}
 		defer conn.Close(context.Background())
-		if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
-			t.Errorf("testenv: dropping test database %s: %v", name, err)
+		// FORCE cannot end a backend of another role: an autovacuum worker
+		// that just started on the database (SQLSTATE 42501). It finishes
+		// soon; try again for a while, then leave the database to
+		// sweepStale of a later run rather than fail the test.
+		for attempt := 0; ; attempt++ {
+			_, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+			var pgErr *pgconn.PgError
+			switch {
+			case err == nil:
+				return
+			case errors.As(err, &pgErr) && pgErr.Code == "42501" && attempt < 50:
+				time.Sleep(100 * time.Millisecond)
+			case errors.As(err, &pgErr) && pgErr.Code == "42501":
+				t.Logf("testenv: test database %s left for a later sweep: %v", name, err)
+				return
+			default:
+				t.Errorf("testenv: dropping test database %s: %v", name, err)
+				return
+			}
 		}
 	})
 
