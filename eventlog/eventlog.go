@@ -74,9 +74,18 @@ type Config struct {
 	RecipientsBelow int
 	// BatchSizes, if set, observes how many sends each commit carries.
 	BatchSizes batch.Observer
+	// Stages, if set, observe where sends spend their time (seconds).
+	Stages Stages
 	// BeforeLeave, if set, runs before a leave commits (fan-out removes
 	// the leaver's devices from the conversation's online index).
 	BeforeLeave func(ctx context.Context, conv, user string) error
+}
+
+// Stages observe, in seconds: how long each send waited for a commit
+// worker (Queue), and how long each batch's seq allocation (Seq) and
+// PostgreSQL insert and commit (Insert) took. Nil fields are not observed.
+type Stages struct {
+	Queue, Seq, Insert batch.Observer
 }
 
 // Log is the conversation log of one process.
@@ -105,8 +114,9 @@ type Log struct {
 const maxUnfenced = 100000
 
 type pendingSend struct {
-	msg  Message
-	done func(SendResult)
+	msg    Message
+	queued time.Time
+	done   func(SendResult)
 }
 
 // New starts the group-commit workers. onCommit receives every committed
@@ -146,7 +156,7 @@ func (l *Log) Send(ctx context.Context, m Message, done func(SendResult)) {
 		done(SendResult{Err: err})
 		return
 	}
-	if err := l.sends.Submit(ctx, m.Key, &pendingSend{msg: m, done: done}); err != nil {
+	if err := l.sends.Submit(ctx, m.Key, &pendingSend{msg: m, queued: l.now(), done: done}); err != nil {
 		done(SendResult{Err: err})
 	}
 }
@@ -156,6 +166,12 @@ func (l *Log) Send(ctx context.Context, m Message, done func(SendResult)) {
 func (l *Log) commitSends(items []*pendingSend) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	if o := l.cfg.Stages.Queue; o != nil {
+		now := l.now()
+		for _, it := range items {
+			o.Observe(now.Sub(it.queued).Seconds())
+		}
+	}
 	todo := items
 	var committed []Committed
 	for attempt := 0; len(todo) > 0; attempt++ {
@@ -219,8 +235,11 @@ func (l *Log) insertBatch(ctx context.Context, items []*pendingSend) ([]store.In
 	// One allocation per conversation; a conversation whose allocation
 	// failed (it does not exist, or its Redis shard is failing over) fails
 	// its own sends, and the others go on with the seqs they got.
+	start := l.now()
 	first, errs := l.seqs.AllocEach(ctx, convs, counts)
-	ts := l.now().UnixMilli()
+	now := l.now()
+	observe(l.cfg.Stages.Seq, now.Sub(start))
+	ts := now.UnixMilli()
 	results := make([]store.InsertResult, len(items))
 	msgs := make([]store.NewMessage, len(items))
 	var at []int
@@ -243,6 +262,7 @@ func (l *Log) insertBatch(ctx context.Context, items []*pendingSend) ([]store.In
 		return results, msgs, nil
 	}
 	res, err := l.st.InsertMessages(ctx, batch, l.cfg.RecipientsBelow)
+	observe(l.cfg.Stages.Insert, l.now().Sub(now))
 	if err != nil {
 		return nil, msgs, err
 	}
@@ -250,6 +270,12 @@ func (l *Log) insertBatch(ctx context.Context, items []*pendingSend) ([]store.In
 		results[k] = res[j]
 	}
 	return results, msgs, nil
+}
+
+func observe(o batch.Observer, d time.Duration) {
+	if o != nil {
+		o.Observe(d.Seconds())
+	}
 }
 
 // fenceFailed records the seqs of a batch that failed as holes, so

@@ -13,6 +13,7 @@ import (
 // each PostgreSQL group commit carries, and Redis errors.
 type storeMetrics struct {
 	batchSizes  *prometheus.HistogramVec
+	sendStages  *prometheus.HistogramVec
 	redisErrors *prometheus.CounterVec
 }
 
@@ -21,10 +22,14 @@ func newStoreMetrics(reg prometheus.Registerer) storeMetrics {
 		batchSizes: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "parley_postgres_batch_size",
 			Help:    "Items per PostgreSQL group commit, by kind (send, ack, read).",
 			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512}}, []string{"kind"}),
+		sendStages: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "parley_send_stage_seconds",
+			Help: "Where a send's time goes before send_ok: queue (waiting for a commit worker), " +
+				"seq (the batch's Redis seq allocation), insert (the batch's PostgreSQL statement and commit).",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 14)}, []string{"stage"}),
 		redisErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "parley_redis_errors_total",
 			Help: "Redis commands that failed (not counting nil replies), by kind: cmd or pipeline."}, []string{"kind"}),
 	}
-	reg.MustRegister(m.batchSizes, m.redisErrors)
+	reg.MustRegister(m.batchSizes, m.sendStages, m.redisErrors)
 	return m
 }
 

@@ -195,6 +195,7 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Server, e
 		fanout.RowsConfig{Workers: cfg.FanoutWorkers, ClaimIdle: cfg.FanoutClaimIdle}, log, s.reg)
 	s.events = eventlog.New(s.st, seqs, eventlog.Config{HoleTimeout: cfg.HoleTimeout, CommitBatch: cfg.CommitBatch, CommitWorkers: cfg.CommitWorkers, CommitLinger: cfg.CommitLinger,
 		RecipientsBelow: cfg.WriteFanoutMax, BatchSizes: sm.batchSizes.WithLabelValues("send"),
+		Stages:      eventlog.Stages{Queue: sm.sendStages.WithLabelValues("queue"), Seq: sm.sendStages.WithLabelValues("seq"), Insert: sm.sendStages.WithLabelValues("insert")},
 		BeforeLeave: func(ctx context.Context, conv, user string) error { return fan.BeforeLeave(ctx, conv, user) }},
 		log, func(evs []eventlog.Committed) { fan.Enqueue(evs) })
 	s.gw = conn.New(s.cfg, conn.Deps{Store: s.st, Log: s.events, Cursors: s.cursors, Routes: s.routes, Bus: s.bus, Rows: s.rows,

@@ -1,0 +1,67 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/parley-im/parley/internal/parleytest"
+	"github.com/parley-im/parley/store"
+)
+
+// InsertMessages tries a plain INSERT first and, when any row conflicts
+// with a stored one, runs the batch again tolerating conflicts. Either way
+// every row gets its own answer: here one batch holds new rows, a resend
+// of a stored cmid, the same cmid twice, a seq already taken and a sender
+// who is not a member.
+func TestInsertMessagesConflictsInOneBatch(t *testing.T) {
+	env := parleytest.Start(t, parleytest.Config(t))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	env.User(t, "ana", 1)
+	env.User(t, "ben", 1)
+	env.User(t, "cy", 1)
+	env.Group(t, "g", "ana", "ben") // seq 1
+	st, err := store.Open(ctx, env.Cfg.PostgresURL, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	msg := func(sender, cmid string, seq int64) store.NewMessage {
+		return store.NewMessage{Conv: "g", Sender: sender, Cmid: cmid, Body: []byte(cmid), Seq: seq, Ts: 1000 + seq}
+	}
+	// A clean batch takes the plain path.
+	res, err := st.InsertMessages(ctx, []store.NewMessage{msg("ana", "a", 2), msg("ben", "b", 3)}, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range res {
+		if r.Err != nil || r.Dup || r.Seq != int64(2+i) || !r.HaveRecipients || len(r.Recipients) != 2 || r.Members != 2 {
+			t.Fatalf("clean batch, row %d: %+v", i, r)
+		}
+	}
+	res, err = st.InsertMessages(ctx, []store.NewMessage{
+		msg("ana", "c", 4),  // new
+		msg("ana", "a", 5),  // resend of seq 2
+		msg("ben", "d", 6),  // new
+		msg("ben", "d", 7),  // the same cmid again in this batch
+		msg("ana", "e", 3),  // seq 3 is taken
+		msg("cy", "f", 8),   // not a member
+		msg("ben", "g2", 9), // new
+	}, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []struct {
+		seq int64
+		dup bool
+		err error
+	}{{4, false, nil}, {2, true, nil}, {6, false, nil}, {6, true, nil}, {3, false, store.ErrSeqTaken}, {8, false, store.ErrNotMember}, {9, false, nil}}
+	for i, w := range want {
+		r := res[i]
+		if r.Seq != w.seq || r.Dup != w.dup || !errors.Is(r.Err, w.err) {
+			t.Errorf("row %d: %+v; want seq %d dup %v err %v", i, r, w.seq, w.dup, w.err)
+		}
+	}
+}
