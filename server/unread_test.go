@@ -30,32 +30,12 @@ type urQuerier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// unreadDefinitionSQL is the unread count of seed 000 §5.2 (M4, PROTOCOL.md
-// §4 "unread"), written for the tests independently of the server's query
-// (store/readstate.go): the msg events of conv ($2) with seq above read
-// ($3), not recalled, not sent by user ($1), inside one of user's
-// membership periods [from_seq, to_seq] (to_seq NULL: still open). Event
-// kinds are those of store/migrations/0001_init.sql: 0 hole, 1 msg,
-// 2 join, 3 leave, 4 recall.
-const unreadDefinitionSQL = `
-SELECT count(*) FROM (
-    SELECT DISTINCT e.seq
-      FROM events e
-      JOIN membership_periods p
-        ON p.conv_id = e.conv_id AND p.user_id = $1
-       AND e.seq >= p.from_seq AND e.seq <= coalesce(p.to_seq, e.seq)
-     WHERE e.conv_id = $2
-       AND e.kind = 1
-       AND e.recalled_by IS NULL
-       AND e.sender IS DISTINCT FROM $1
-       AND e.seq > $3
-) visible_unread`
 
 // unreadAbove evaluates the definition for an explicit read position.
 func unreadAbove(t testing.TB, q urQuerier, user, conv string, read int64) int64 {
 	t.Helper()
 	var n int64
-	if err := q.QueryRow(context.Background(), unreadDefinitionSQL, user, conv, read).Scan(&n); err != nil {
+	if err := q.QueryRow(context.Background(), parleytest.UnreadDefinitionSQL, user, conv, read).Scan(&n); err != nil {
 		t.Fatalf("unread definition: %v", err)
 	}
 	return n
@@ -108,6 +88,9 @@ func TestUnreadMatchesDefinitionRandomized(t *testing.T) {
 	cfg.SendRate = 0
 	cfg.HoleTimeout = 100 * time.Millisecond // a lost seq is fenced by the next sync soon after
 	env := parleytest.Start(t, cfg)
+	// Buckets of 4 seqs: short histories cross many bucket boundaries, so
+	// unread counting uses whole buckets and partial ones at both ends.
+	parleytest.SetUnreadBucketBits(t, env.Cfg.PostgresURL, 2)
 	rdb := parleytest.RedisClient(t, env.Cfg)
 	pg, err := pgx.Connect(context.Background(), env.Cfg.PostgresURL)
 	if err != nil {

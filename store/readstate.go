@@ -13,7 +13,8 @@ import (
 
 // unreadSQL counts the unread messages of user $1 in conversation $2 above
 // read position $3 (M4, seed 000 §5.2) with the parley_unread function of
-// migration 0003: derived from the events on every call, never stored.
+// migration 0004: derived from the events on every call, never stored
+// (docs/consistency.md, "Unread counts").
 const unreadSQL = `SELECT parley_unread($2, $1, $3)`
 
 // ReadUpdate is one read report: user has read conv up to Seq.
@@ -36,7 +37,7 @@ type ReadResult struct {
 // markReadsSQL merges a batch of read reports (one per (user, conv)) in one
 // statement: each is capped at the end of the user's last membership period
 // (M2) and max-merged (GREATEST); unread is derived for the merged value.
-// parley_unread sees the statement's snapshot, which does not include the
+// parley_unread_of sees the statement's snapshot, which does not include the
 // upsert, so it is given the merged value explicitly.
 const markReadsSQL = `
 WITH input AS (
@@ -55,9 +56,9 @@ WITH input AS (
     ON CONFLICT (user_id, conv_id) DO UPDATE SET read_seq = GREATEST(read_positions.read_seq, EXCLUDED.read_seq)
     RETURNING user_id, conv_id, read_seq
 )
-SELECT f.idx, f.n, f.head, up.read_seq, f.prev,
-       CASE WHEN up.read_seq IS NULL THEN 0 ELSE parley_unread(f.conv, f.usr, up.read_seq) END
-  FROM facts f LEFT JOIN up ON up.user_id = f.usr AND up.conv_id = f.conv`
+SELECT f.idx, f.n, f.head, up.read_seq, f.prev, coalesce(u.unread, 0)
+  FROM facts f LEFT JOIN up ON up.user_id = f.usr AND up.conv_id = f.conv
+  LEFT JOIN LATERAL parley_unread_of(f.conv, f.usr, up.read_seq) u ON up.read_seq IS NOT NULL`
 
 // MarkReads max-merges a batch of read reports in one statement (group
 // commit). Reports of one batch for the same (user, conv) are merged first.
@@ -321,12 +322,13 @@ SELECT p.conv_id, c.kind, c.title, c.member_count, c.epoch, c.min_seq,
        coalesce(dc.delivered_seq, 0), coalesce(rp.read_seq, 0),
        coalesce((SELECT e.ts FROM events e WHERE e.conv_id = p.conv_id AND e.seq <= p.last_to AND e.kind <> 0
                   ORDER BY e.seq DESC LIMIT 1), 0),
-       parley_unread(p.conv_id, $1, coalesce(rp.read_seq, 0))
+       u.unread
   FROM unnest($3::text[], $4::bigint[]) WITH ORDINALITY AS p(conv_id, last_to, i)
   JOIN conversations c ON c.conv_id = p.conv_id
   LEFT JOIN device_cursors dc ON dc.device_id = $2 AND dc.conv_id = p.conv_id
         AND dc.install_epoch = (SELECT install_epoch FROM devices WHERE device_id = $2)
   LEFT JOIN read_positions rp ON rp.user_id = $1 AND rp.conv_id = p.conv_id
+  CROSS JOIN LATERAL parley_unread_of(p.conv_id, $1, coalesce(rp.read_seq, 0)) u
  ORDER BY p.i`
 
 // Errors of Recall.
@@ -378,6 +380,17 @@ func (s *Store) CheckRecall(ctx context.Context, conv, actor string, target, win
 func (s *Store) Recall(ctx context.Context, ch MembershipChange, target, windowMs int64) (RecallResult, error) {
 	r := RecallResult{Target: target}
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		// The conversation row is locked first: AdvanceDense, which counts
+		// own messages into own_msg_buckets as dense_seq passes them, is
+		// ordered before or after this recall (see AdvanceDense).
+		var dense int64
+		err := tx.QueryRow(ctx, `SELECT dense_seq FROM conversations WHERE conv_id = $1 FOR UPDATE`, ch.Conv).Scan(&dense)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return ErrNotMember // no such conversation: nobody is a member
+		}
+		if err != nil {
+			return err
+		}
 		var member bool
 		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM membership_periods WHERE conv_id = $1 AND user_id = $2 AND to_seq IS NULL)`,
 			ch.Conv, ch.Actor).Scan(&member); err != nil {
@@ -389,7 +402,7 @@ func (s *Store) Recall(ctx context.Context, ch MembershipChange, target, windowM
 		var sender string
 		var ts int64
 		var recalledBy *int64
-		err := tx.QueryRow(ctx, `SELECT sender, ts, recalled_by FROM events WHERE conv_id = $1 AND seq = $2 AND kind = 1 FOR UPDATE`,
+		err = tx.QueryRow(ctx, `SELECT sender, ts, recalled_by FROM events WHERE conv_id = $1 AND seq = $2 AND kind = 1 FOR UPDATE`,
 			ch.Conv, target).Scan(&sender, &ts, &recalledBy)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return ErrNoMessage
@@ -419,6 +432,13 @@ func (s *Store) Recall(ctx context.Context, ch MembershipChange, target, windowM
 		if _, err = tx.Exec(ctx, `UPDATE events SET recalled_by = $3, body = NULL WHERE conv_id = $1 AND seq = $2`, ch.Conv, target, ch.Seq); err != nil {
 			return err
 		}
+		if target <= dense {
+			if _, err = tx.Exec(ctx, `UPDATE own_msg_buckets SET n = n - 1
+				WHERE conv_id = $1 AND sender = $2 AND bucket = $3::bigint >> (SELECT bucket_bits FROM unread_settings)`,
+				ch.Conv, sender, target); err != nil {
+				return err
+			}
+		}
 		return tx.QueryRow(ctx, `SELECT member_count FROM conversations WHERE conv_id = $1`, ch.Conv).Scan(&r.Members)
 	})
 	return r, err
@@ -426,16 +446,37 @@ func (s *Store) Recall(ctx context.Context, ch MembershipChange, target, windowM
 
 // AdvanceDense raises the dense_seq watermark of each conversation to the
 // end of the run of seqs that hold rows, starting from its current value
-// (migration 0003). A lower bound is always safe: it only makes unread
+// (migration 0003), and adds the messages it passes to own_msg_buckets
+// (migration 0004). A lower bound is always safe: it only makes unread
 // counting read a few more index entries. Called after commits.
+//
+// The conversation rows are locked first, in id order (so concurrent
+// callers cannot deadlock), and the second statement's snapshot is taken
+// after that: no recall of these conversations can commit in between, so
+// each message is counted in its bucket exactly when the watermark passes
+// it, as it is at that moment.
 func (s *Store) AdvanceDense(ctx context.Context, convs []string) error {
-	_, err := s.pool.Exec(ctx, `
-UPDATE conversations c SET dense_seq = greatest(c.dense_seq, n.d)
-  FROM (SELECT c2.conv_id,
-               coalesce((SELECT max(t.seq) FROM (SELECT e.seq, e.seq - row_number() OVER (ORDER BY e.seq) AS k
-                                                     FROM events e WHERE e.conv_id = c2.conv_id AND e.seq > c2.dense_seq) t
-                          WHERE t.k = c2.dense_seq), c2.dense_seq) AS d
-          FROM conversations c2 WHERE c2.conv_id = ANY($1)) n
- WHERE c.conv_id = n.conv_id AND n.d > c.dense_seq`, convs)
-	return err
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT 1 FROM conversations WHERE conv_id = ANY($1) ORDER BY conv_id FOR UPDATE`, convs); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `
+WITH d AS (
+    SELECT c.conv_id, c.dense_seq AS d0,
+           coalesce((SELECT max(t.seq) FROM (SELECT e.seq, e.seq - row_number() OVER (ORDER BY e.seq) AS k
+                                               FROM events e WHERE e.conv_id = c.conv_id AND e.seq > c.dense_seq) t
+                      WHERE t.k = c.dense_seq), c.dense_seq) AS d1
+      FROM conversations c WHERE c.conv_id = ANY($1)
+), counted AS (
+    INSERT INTO own_msg_buckets (conv_id, sender, bucket, n)
+    SELECT e.conv_id, e.sender, e.seq >> s.bucket_bits, count(*)
+      FROM d JOIN events e ON e.conv_id = d.conv_id AND e.seq > d.d0 AND e.seq <= d.d1
+           CROSS JOIN unread_settings s
+     WHERE d.d1 > d.d0 AND e.kind = 1 AND e.recalled_by IS NULL
+     GROUP BY 1, 2, 3
+    ON CONFLICT (conv_id, sender, bucket) DO UPDATE SET n = own_msg_buckets.n + EXCLUDED.n
+)
+UPDATE conversations c SET dense_seq = d.d1 FROM d WHERE c.conv_id = d.conv_id AND d.d1 > d.d0`, convs)
+		return err
+	})
 }

@@ -64,7 +64,7 @@ const snapshotSQL = `WITH q AS (
 	SELECT d.conv, (SELECT coalesce(max(e.seq), 0) FROM events e WHERE e.conv_id = d.conv) AS head
 	FROM (SELECT DISTINCT conv FROM q) d
 ), uc AS MATERIALIZED (
-	SELECT u.usr, u.conv, hd.head, p.froms, p.tos, r.read, parley_unread(u.conv, u.usr, r.read) AS unread
+	SELECT u.usr, u.conv, hd.head, p.froms, p.tos, r.read, ur.unread
 	FROM (SELECT DISTINCT usr, conv FROM q) u
 	JOIN hd ON hd.conv = u.conv
 	CROSS JOIN LATERAL (SELECT array_agg(m.from_seq ORDER BY m.from_seq) AS froms,
@@ -72,6 +72,7 @@ const snapshotSQL = `WITH q AS (
 		FROM membership_periods m WHERE m.user_id = u.usr AND m.conv_id = u.conv) p
 	CROSS JOIN LATERAL (SELECT coalesce((SELECT r.read_seq FROM read_positions r
 		WHERE r.user_id = u.usr AND r.conv_id = u.conv), 0) AS read) r
+	CROSS JOIN LATERAL parley_unread_of(u.conv, u.usr, r.read) ur
 	WHERE p.froms IS NOT NULL
 ), it AS MATERIALIZED (
 	SELECT q.k, q.usr, q.conv, q.after, uc.head, uc.read, uc.unread, uc.froms, uc.tos
