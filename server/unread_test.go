@@ -30,7 +30,6 @@ type urQuerier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-
 // unreadAbove evaluates the definition for an explicit read position.
 func unreadAbove(t testing.TB, q urQuerier, user, conv string, read int64) int64 {
 	t.Helper()
