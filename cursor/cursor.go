@@ -30,10 +30,11 @@ type Result = store.CursorResult
 // Cursors merges acks.
 type Cursors struct {
 	// Static after construction.
-	st     *store.Store
-	rdb    redis.UniversalClient
-	prefix string
-	log    *slog.Logger
+	st                      *store.Store
+	rdb                     redis.UniversalClient
+	prefix                  string
+	log                     *slog.Logger
+	ackMetrics, readMetrics Metrics
 
 	acks  *batch.Batcher[*pendingAck]
 	reads *batch.Batcher[*pendingRead]
@@ -49,14 +50,28 @@ type pendingAck struct {
 	done func(Result)
 }
 
+// Metrics observe one kind of report (acks or reads): Sizes, the reports
+// per commit; Queue, how long each report waited for a commit worker; and
+// per batch, how long its PostgreSQL statement and commit (Postgres) and
+// its Redis hot copy (Redis) took, in seconds. Nil fields are not observed.
+type Metrics struct {
+	Sizes, Queue, Postgres, Redis batch.Observer
+}
+
 // New starts the group-commit workers.
-//
-// ackSizes and readSizes, if not nil, observe the size of each commit.
-func New(st *store.Store, rdb redis.UniversalClient, prefix string, log *slog.Logger, workers, maxBatch int, linger time.Duration, ackSizes, readSizes batch.Observer) *Cursors {
-	c := &Cursors{st: st, rdb: rdb, prefix: prefix, log: log}
-	c.acks = batch.New(workers, maxBatch, maxBatch*workers*4, linger, c.commit, ackSizes)
-	c.reads = batch.New(workers, maxBatch, maxBatch*workers*4, linger, c.commitReads, readSizes)
+func New(st *store.Store, rdb redis.UniversalClient, prefix string, log *slog.Logger, workers, maxBatch int, linger time.Duration, acks, reads Metrics) *Cursors {
+	c := &Cursors{st: st, rdb: rdb, prefix: prefix, log: log, ackMetrics: acks, readMetrics: reads}
+	c.acks = batch.New(workers, maxBatch, maxBatch*workers*4, linger, c.commit, acks.Sizes, acks.Queue)
+	c.reads = batch.New(workers, maxBatch, maxBatch*workers*4, linger, c.commitReads, reads.Sizes, reads.Queue)
 	return c
+}
+
+func observeSince(o batch.Observer, start time.Time) time.Time {
+	now := time.Now()
+	if o != nil {
+		o.Observe(now.Sub(start).Seconds())
+	}
+	return now
 }
 
 // Close finishes queued acks and reads.
@@ -87,7 +102,9 @@ func (c *Cursors) commit(items []*pendingAck) {
 	for i, it := range items {
 		ups[i] = it.ack
 	}
+	start := time.Now()
 	res, err := c.st.MergeCursors(ctx, ups)
+	start = observeSince(c.ackMetrics.Postgres, start)
 	if err != nil {
 		for _, it := range items {
 			it.done(Result{Err: err})
@@ -106,6 +123,7 @@ func (c *Cursors) commit(items []*pendingAck) {
 	}); err != nil {
 		c.log.Debug("cursor hot copy", "err", err)
 	}
+	observeSince(c.ackMetrics.Redis, start)
 	for i, it := range items {
 		it.done(res[i])
 	}
@@ -136,7 +154,9 @@ func (c *Cursors) commitReads(items []*pendingRead) {
 	for i, it := range items {
 		ups[i] = it.read
 	}
+	start := time.Now()
 	res, err := c.st.MarkReads(ctx, ups)
+	start = observeSince(c.readMetrics.Postgres, start)
 	if err != nil {
 		for _, it := range items {
 			it.done(store.ReadResult{Err: err})
@@ -152,6 +172,7 @@ func (c *Cursors) commitReads(items []*pendingRead) {
 	}); err != nil {
 		c.log.Debug("read hot copy", "err", err)
 	}
+	observeSince(c.readMetrics.Redis, start)
 	for i, it := range items {
 		it.done(res[i])
 	}

@@ -114,9 +114,8 @@ type Log struct {
 const maxUnfenced = 100000
 
 type pendingSend struct {
-	msg    Message
-	queued time.Time
-	done   func(SendResult)
+	msg  Message
+	done func(SendResult)
 }
 
 // New starts the group-commit workers. onCommit receives every committed
@@ -125,7 +124,7 @@ type pendingSend struct {
 func New(st *store.Store, seqs *seq.Allocator, cfg Config, log *slog.Logger, onCommit func([]Committed)) *Log {
 	l := &Log{st: st, seqs: seqs, cfg: cfg, log: log, onCommit: onCommit, now: time.Now,
 		members: memberCache{st: st, ttl: 5 * time.Second}}
-	l.sends = batch.New(cfg.CommitWorkers, cfg.CommitBatch, cfg.CommitBatch*cfg.CommitWorkers*4, cfg.CommitLinger, l.commitSends, cfg.BatchSizes)
+	l.sends = batch.New(cfg.CommitWorkers, cfg.CommitBatch, cfg.CommitBatch*cfg.CommitWorkers*4, cfg.CommitLinger, l.commitSends, cfg.BatchSizes, cfg.Stages.Queue)
 	l.stop = make(chan struct{})
 	l.wg.Add(1)
 	go l.fenceLoop()
@@ -156,7 +155,7 @@ func (l *Log) Send(ctx context.Context, m Message, done func(SendResult)) {
 		done(SendResult{Err: err})
 		return
 	}
-	if err := l.sends.Submit(ctx, m.Key, &pendingSend{msg: m, queued: l.now(), done: done}); err != nil {
+	if err := l.sends.Submit(ctx, m.Key, &pendingSend{msg: m, done: done}); err != nil {
 		done(SendResult{Err: err})
 	}
 }
@@ -166,12 +165,6 @@ func (l *Log) Send(ctx context.Context, m Message, done func(SendResult)) {
 func (l *Log) commitSends(items []*pendingSend) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if o := l.cfg.Stages.Queue; o != nil {
-		now := l.now()
-		for _, it := range items {
-			o.Observe(now.Sub(it.queued).Seconds())
-		}
-	}
 	todo := items
 	var committed []Committed
 	for attempt := 0; len(todo) > 0; attempt++ {

@@ -81,6 +81,10 @@ type Fanout struct {
 	dirty map[string]bool
 	stop  chan struct{}
 
+	// Frames for users' devices (ToUser), batched by notifyLoop so that
+	// one pipelined route lookup serves every frame queued meanwhile.
+	notes chan userFrame
+
 	closeOnce sync.Once
 }
 
@@ -88,15 +92,16 @@ type Fanout struct {
 func New(st *store.Store, routes *route.Table, bus *Bus, local Local, rows *Rows, writeMax, onlineMax int, log *slog.Logger, reg prometheus.Registerer, workers int) *Fanout {
 	f := &Fanout{st: st, routes: routes, bus: bus, local: local, rows: rows, writeMax: writeMax, onlineMax: onlineMax, log: log,
 		metrics: newFanoutMetrics(reg),
-		dirty:   map[string]bool{}, stop: make(chan struct{})}
+		dirty:   map[string]bool{}, stop: make(chan struct{}), notes: make(chan userFrame, 4096)}
 	f.wg.Add(workers)
 	for i := 0; i < workers; i++ {
 		q := make(chan []eventlog.Committed, 4096/workers+1)
 		f.queues = append(f.queues, q)
 		go f.work(q)
 	}
-	f.wg.Add(1)
+	f.wg.Add(2)
 	go f.advanceLoop()
+	go f.notifyLoop()
 	return f
 }
 
@@ -403,27 +408,97 @@ func Mode(n int64, writeMax, onlineMax int) string {
 	return "pull"
 }
 
-// ToUser sends frame to every online device of user except one (e.g.
+type userFrame struct {
+	user, except string
+	frame        []byte
+}
+
+// ToUser queues frame for every online device of user except one (e.g.
 // read_changed to the user's other devices), on whichever gateways hold
-// them. The frame is never dropped for a slow device (it is small).
+// them. It blocks only while the queue is full, or until ctx is done.
+// Frames queued together share one pipelined route lookup; delivery is
+// best effort (a failed lookup is logged), and the frame is never dropped
+// for a slow device (it is small).
 func (f *Fanout) ToUser(ctx context.Context, user, exceptDevice string, frame []byte) error {
-	entries, err := f.routes.Lookup(ctx, []string{user})
-	if err != nil {
-		return err
+	select {
+	case f.notes <- userFrame{user: user, except: exceptDevice, frame: frame}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-f.stop:
+		return errClosed
 	}
-	perGateway := map[string][]Target{}
-	for _, e := range entries {
-		if e.Device != exceptDevice {
-			perGateway[e.Gateway] = append(perGateway[e.Gateway], Target{Device: e.Device, Token: e.Token})
+}
+
+var errClosed = errors.New("fanout: closed")
+
+func (f *Fanout) notifyLoop() {
+	defer f.wg.Done()
+	var batch []userFrame
+	for {
+		var stopping bool
+		select {
+		case n := <-f.notes:
+			batch = append(batch[:0], n)
+		case <-f.stop:
+			stopping, batch = true, batch[:0]
+		}
+	more: // take whatever else is queued (all of it when stopping)
+		for stopping || len(batch) < 512 {
+			select {
+			case n := <-f.notes:
+				batch = append(batch, n)
+			default:
+				break more
+			}
+		}
+		if len(batch) > 0 {
+			f.notify(batch)
+		}
+		if stopping {
+			return
 		}
 	}
-	for gw, ts := range perGateway {
-		ds := []Delivery{{Frame: frame, Targets: ts}}
+}
+
+// notify delivers a batch of ToUser frames.
+func (f *Fanout) notify(batch []userFrame) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	users := make([]string, 0, len(batch))
+	seen := map[string]bool{}
+	for _, n := range batch {
+		if !seen[n.user] {
+			seen[n.user] = true
+			users = append(users, n.user)
+		}
+	}
+	entries, err := f.routes.Lookup(ctx, users)
+	if err != nil {
+		f.log.Debug("frames to users: route lookup", "users", len(users), "err", err)
+		return
+	}
+	byUser := map[string][]route.Entry{}
+	for _, e := range entries {
+		byUser[e.User] = append(byUser[e.User], e)
+	}
+	perGateway := map[string][]Delivery{}
+	for _, n := range batch {
+		targets := map[string][]Target{}
+		for _, e := range byUser[n.user] {
+			if e.Device != n.except {
+				targets[e.Gateway] = append(targets[e.Gateway], Target{Device: e.Device, Token: e.Token})
+			}
+		}
+		for gw, ts := range targets {
+			perGateway[gw] = append(perGateway[gw], Delivery{Frame: n.frame, Targets: ts})
+		}
+	}
+	for gw, ds := range perGateway {
 		if gw == f.routes.Gateway() {
 			f.local.Deliver(ds)
 		} else if err := f.bus.Publish(ctx, gw, ds); err != nil {
-			return err
+			f.log.Debug("frames to users: publish", "gateway", gw, "err", err)
 		}
 	}
-	return nil
 }

@@ -7,13 +7,15 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/parley-im/parley/cursor"
 )
 
 // storeMetrics are the process's metrics of its stores: how many items
 // each PostgreSQL group commit carries, and Redis errors.
 type storeMetrics struct {
 	batchSizes  *prometheus.HistogramVec
-	sendStages  *prometheus.HistogramVec
+	stages      *prometheus.HistogramVec
 	redisErrors *prometheus.CounterVec
 }
 
@@ -22,14 +24,15 @@ func newStoreMetrics(reg prometheus.Registerer) storeMetrics {
 		batchSizes: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "parley_postgres_batch_size",
 			Help:    "Items per PostgreSQL group commit, by kind (send, ack, read).",
 			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512}}, []string{"kind"}),
-		sendStages: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "parley_send_stage_seconds",
-			Help: "Where a send's time goes before send_ok: queue (waiting for a commit worker), " +
-				"seq (the batch's Redis seq allocation), insert (the batch's PostgreSQL statement and commit).",
-			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 14)}, []string{"stage"}),
+		stages: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "parley_commit_stage_seconds",
+			Help: "Where group-committed requests spend their time, by kind (send, ack, read) and stage: " +
+				"queue (per request: waiting for a commit worker); per batch: redis (a send batch's seq allocation, " +
+				"an ack or read batch's hot copy), postgres (the batch's statement and commit).",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 14)}, []string{"kind", "stage"}),
 		redisErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "parley_redis_errors_total",
 			Help: "Redis commands that failed (not counting nil replies), by kind: cmd or pipeline."}, []string{"kind"}),
 	}
-	reg.MustRegister(m.batchSizes, m.sendStages, m.redisErrors)
+	reg.MustRegister(m.batchSizes, m.stages, m.redisErrors)
 	return m
 }
 
@@ -64,4 +67,10 @@ func (h redisErrorHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redi
 		}
 		return err
 	}
+}
+
+// commitMetrics are the observers of one kind of group commit.
+func (m storeMetrics) commitMetrics(kind string) cursor.Metrics {
+	return cursor.Metrics{Sizes: m.batchSizes.WithLabelValues(kind), Queue: m.stages.WithLabelValues(kind, "queue"),
+		Postgres: m.stages.WithLabelValues(kind, "postgres"), Redis: m.stages.WithLabelValues(kind, "redis")}
 }

@@ -187,15 +187,16 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Server, e
 	// Acks are many and small: fewer workers make bigger batches, so they
 	// cost fewer commits (WAL flushes) and leave more to sends.
 	s.cursors = cursor.New(s.st, s.rdb, cfg.RedisPrefix, log, max(1, cfg.CommitWorkers/2), cfg.CommitBatch, cfg.CommitLinger,
-		sm.batchSizes.WithLabelValues("ack"), sm.batchSizes.WithLabelValues("read"))
+		sm.commitMetrics("ack"), sm.commitMetrics("read"))
 	// The gateway and fan-out refer to each other (fan-out delivers to the
 	// gateway; the gateway's requests feed the log that feeds fan-out).
 	var fan *fanout.Fanout
 	s.rows = fanout.NewRows(s.rdb, cfg.RedisPrefix, s.cfg.GatewayID+"-"+s.routes.Boot(),
 		fanout.RowsConfig{Workers: cfg.FanoutWorkers, ClaimIdle: cfg.FanoutClaimIdle}, log, s.reg)
+	sends := sm.commitMetrics("send")
 	s.events = eventlog.New(s.st, seqs, eventlog.Config{HoleTimeout: cfg.HoleTimeout, CommitBatch: cfg.CommitBatch, CommitWorkers: cfg.CommitWorkers, CommitLinger: cfg.CommitLinger,
-		RecipientsBelow: cfg.WriteFanoutMax, BatchSizes: sm.batchSizes.WithLabelValues("send"),
-		Stages:      eventlog.Stages{Queue: sm.sendStages.WithLabelValues("queue"), Seq: sm.sendStages.WithLabelValues("seq"), Insert: sm.sendStages.WithLabelValues("insert")},
+		RecipientsBelow: cfg.WriteFanoutMax, BatchSizes: sends.Sizes,
+		Stages:      eventlog.Stages{Queue: sends.Queue, Seq: sends.Redis, Insert: sends.Postgres},
 		BeforeLeave: func(ctx context.Context, conv, user string) error { return fan.BeforeLeave(ctx, conv, user) }},
 		log, func(evs []eventlog.Committed) { fan.Enqueue(evs) })
 	s.gw = conn.New(s.cfg, conn.Deps{Store: s.st, Log: s.events, Cursors: s.cursors, Routes: s.routes, Bus: s.bus, Rows: s.rows,

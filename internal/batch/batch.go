@@ -28,8 +28,9 @@ type Batcher[T any] struct {
 	max    int
 	linger time.Duration
 	run    func([]T)
-	chs    []chan T // one per worker
-	sizes  Observer // nil: not observed
+	chs    []chan entry[T] // one per worker
+	sizes  Observer        // nil: not observed
+	waits  Observer        // nil: not observed
 
 	mu     sync.RWMutex // guards closed; held shared by Submit while sending on ch
 	closed bool
@@ -44,12 +45,14 @@ type Batcher[T any] struct {
 // less contention on PostgreSQL's WAL. A worker that is not under load
 // runs a lone item at once.
 //
-// sizes, if not nil, observes the size of every batch (a metric).
-func New[T any](workers, max, queue int, linger time.Duration, run func([]T), sizes Observer) *Batcher[T] {
-	b := &Batcher[T]{max: max, linger: linger, run: run, sizes: sizes}
+// sizes, if not nil, observes the size of every batch, and waits how long
+// each item waited, in seconds, from Submit to the start of its batch's
+// run (metrics).
+func New[T any](workers, max, queue int, linger time.Duration, run func([]T), sizes, waits Observer) *Batcher[T] {
+	b := &Batcher[T]{max: max, linger: linger, run: run, sizes: sizes, waits: waits}
 	b.wg.Add(workers)
 	for i := 0; i < workers; i++ {
-		ch := make(chan T, queue/workers+1)
+		ch := make(chan entry[T], queue/workers+1)
 		b.chs = append(b.chs, ch)
 		go b.work(ch)
 	}
@@ -64,8 +67,12 @@ func (b *Batcher[T]) Submit(ctx context.Context, key uint64, item T) error {
 	if b.closed {
 		return ErrClosed
 	}
+	e := entry[T]{item: item}
+	if b.waits != nil {
+		e.at = time.Now()
+	}
 	select {
-	case b.chs[key%uint64(len(b.chs))] <- item:
+	case b.chs[key%uint64(len(b.chs))] <- e:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
@@ -86,14 +93,22 @@ func (b *Batcher[T]) Close() {
 	b.wg.Wait()
 }
 
-func (b *Batcher[T]) work(ch chan T) {
+// entry is a queued item and when it was submitted (if waits are
+// observed).
+type entry[T any] struct {
+	item T
+	at   time.Time
+}
+
+func (b *Batcher[T]) work(ch chan entry[T]) {
 	defer b.wg.Done()
 	items := make([]T, 0, b.max)
+	var ats []time.Time
 	busy := false
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	for first := range ch {
-		items = append(items[:0], first)
+		items, ats = append(items[:0], first.item), append(ats[:0], first.at)
 		var deadline <-chan time.Time
 		if busy && b.linger > 0 {
 			timer.Reset(b.linger)
@@ -106,7 +121,7 @@ func (b *Batcher[T]) work(ch chan T) {
 				if !ok {
 					break fill
 				}
-				items = append(items, it)
+				items, ats = append(items, it.item), append(ats, it.at)
 				continue
 			default:
 			}
@@ -118,7 +133,7 @@ func (b *Batcher[T]) work(ch chan T) {
 				if !ok {
 					break fill
 				}
-				items = append(items, it)
+				items, ats = append(items, it.item), append(ats, it.at)
 			case <-deadline:
 				deadline = nil
 				break fill
@@ -129,6 +144,12 @@ func (b *Batcher[T]) work(ch chan T) {
 		busy = len(items) > 1
 		if b.sizes != nil {
 			b.sizes.Observe(float64(len(items)))
+		}
+		if b.waits != nil {
+			now := time.Now()
+			for _, at := range ats {
+				b.waits.Observe(now.Sub(at).Seconds())
+			}
 		}
 		b.run(items)
 		clear(items)

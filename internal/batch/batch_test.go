@@ -23,7 +23,7 @@ func TestLoneItemRunsAtOnceAndBatchesForm(t *testing.T) {
 			close(running)
 			<-release // hold the worker so the next items queue up
 		}
-	}, nil)
+	}, nil, nil)
 	start := time.Now()
 	if err := b.Submit(context.Background(), 0, 0); err != nil {
 		t.Fatal(err)
@@ -52,7 +52,7 @@ func TestCloseRunsQueuedAndRefusesNew(t *testing.T) {
 		mu.Lock()
 		n += len(items)
 		mu.Unlock()
-	}, nil)
+	}, nil, nil)
 	for i := 0; i < 50; i++ {
 		if err := b.Submit(context.Background(), uint64(i), i); err != nil {
 			t.Fatal(err)
@@ -81,7 +81,7 @@ func TestSameKeyRunsInOrder(t *testing.T) {
 			}
 			last[it[0]] = it[1]
 		}
-	}, nil)
+	}, nil, nil)
 	for v := 1; v <= 200; v++ {
 		for k := 0; k < 8; k++ {
 			if err := b.Submit(context.Background(), uint64(k), [2]int{k, v}); err != nil {
@@ -93,6 +93,56 @@ func TestSameKeyRunsInOrder(t *testing.T) {
 	for k := 0; k < 8; k++ {
 		if last[k] != 200 {
 			t.Fatalf("key %d ended at %d", k, last[k])
+		}
+	}
+}
+
+type observed struct {
+	mu sync.Mutex
+	vs []float64
+}
+
+func (o *observed) Observe(v float64) {
+	o.mu.Lock()
+	o.vs = append(o.vs, v)
+	o.mu.Unlock()
+}
+
+// Every batch's size and every item's wait from Submit to the start of its
+// batch are observed: here the first item holds the only worker for 20 ms,
+// so the items queued behind it wait at least about that long.
+func TestObservesSizesAndWaits(t *testing.T) {
+	var sizes, waits observed
+	release := make(chan struct{})
+	first := true
+	b := New(1, 100, 1000, 0, func(items []int) {
+		if first {
+			first = false
+			<-release
+		}
+	}, &sizes, &waits)
+	ctx := context.Background()
+	if err := b.Submit(ctx, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Millisecond) // the first batch is running
+	for i := 1; i <= 5; i++ {
+		if err := b.Submit(ctx, 0, i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(20 * time.Millisecond)
+	close(release)
+	b.Close()
+	if len(sizes.vs) != 2 || sizes.vs[0] != 1 || sizes.vs[1] != 5 {
+		t.Fatalf("batch sizes %v, want [1 5]", sizes.vs)
+	}
+	if len(waits.vs) != 6 {
+		t.Fatalf("%d waits observed, want 6", len(waits.vs))
+	}
+	for _, w := range waits.vs[1:] {
+		if w < 0.015 {
+			t.Fatalf("waits %v: the queued items waited at least 20 ms", waits.vs)
 		}
 	}
 }
