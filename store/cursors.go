@@ -31,34 +31,26 @@ var (
 
 // mergeCursorsSQL merges a batch of acks, at most one per (device, conv),
 // in one statement: an ack counts only if its epoch is the device's
-// current install_epoch, the user was a member of the conversation at some
-// time, and seq <= head. Rows are written in (device, conv) order so
-// concurrent batches cannot deadlock.
-//
-// The device row is not locked. A reinstall that commits after this
-// statement read the old epoch but before it wrote can leave a row of the
-// old install behind; the row carries its install_epoch, so readers skip
-// it (they join on the device's current epoch) and the new install's
-// first ack replaces it instead of merging with it. A row of a newer
-// install is never touched by an older one's ack. Locking the device
-// (FOR SHARE) would order the two too, but costs a WAL record and a
-// dirtied page per ack.
+// current install_epoch (the device row is locked FOR SHARE, so a
+// concurrent reinstall is ordered before or after the batch), the user was
+// a member of the conversation at some time, and seq <= head. Rows are
+// written in (device, conv) order so concurrent batches cannot deadlock.
 const mergeCursorsSQL = `
 WITH input AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::int[], $4::bigint[], $5::text[]) AS i(device, conv, epoch, seq, usr)
+), ok AS (
+    SELECT i.device, i.conv, i.epoch, i.seq
+      FROM input i JOIN devices d ON d.device_id = i.device AND d.install_epoch = i.epoch
+     WHERE EXISTS (SELECT 1 FROM membership_periods m WHERE m.conv_id = i.conv AND m.user_id = i.usr)
+       AND i.seq <= (SELECT coalesce(max(e.seq), 0) FROM events e WHERE e.conv_id = i.conv)
+     ORDER BY i.device, i.conv
+       FOR SHARE OF d
 )
 INSERT INTO device_cursors (device_id, conv_id, install_epoch, delivered_seq)
-SELECT i.device, i.conv, i.epoch, i.seq
-  FROM input i JOIN devices d ON d.device_id = i.device AND d.install_epoch = i.epoch
- WHERE EXISTS (SELECT 1 FROM membership_periods m WHERE m.conv_id = i.conv AND m.user_id = i.usr)
-   AND i.seq <= (SELECT coalesce(max(e.seq), 0) FROM events e WHERE e.conv_id = i.conv)
- ORDER BY i.device, i.conv
+SELECT device, conv, epoch, seq FROM ok ORDER BY device, conv
 ON CONFLICT (device_id, conv_id) DO UPDATE
-  SET delivered_seq = CASE WHEN device_cursors.install_epoch = EXCLUDED.install_epoch
-                           THEN GREATEST(device_cursors.delivered_seq, EXCLUDED.delivered_seq)
-                           ELSE EXCLUDED.delivered_seq END,
+  SET delivered_seq = GREATEST(device_cursors.delivered_seq, EXCLUDED.delivered_seq),
       install_epoch = EXCLUDED.install_epoch
-  WHERE device_cursors.install_epoch <= EXCLUDED.install_epoch
 RETURNING device_id, conv_id, install_epoch::bigint, delivered_seq`
 
 const diagnoseCursorSQL = `
