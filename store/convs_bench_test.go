@@ -6,6 +6,9 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
+	"strconv"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -70,6 +73,7 @@ func BenchmarkConvs(b *testing.B) {
 		b.Run(fmt.Sprintf("convs=%d/events=%dM/limit=%d", benchConvs, benchConvs*benchEvents/1_000_000, limit), func(b *testing.B) {
 			h := hdrhistogram.New(1, 10_000_000, 3)
 			b.ReportAllocs()
+			pg0, self0 := postgresCPU(), selfCPU()
 			for b.Loop() {
 				start := time.Now()
 				order := small
@@ -88,6 +92,11 @@ func BenchmarkConvs(b *testing.B) {
 			b.ReportMetric(float64(h.ValueAtQuantile(50))/1000, "p50-ms")
 			b.ReportMetric(float64(h.ValueAtQuantile(99))/1000, "p99-ms")
 			b.ReportMetric(float64(h.Max())/1000, "max-ms")
+			// Server CPU per call: PostgreSQL's (every postgres process on
+			// the machine) and this process's (what parleyd would spend).
+			n := float64(h.TotalCount())
+			b.ReportMetric(float64((postgresCPU()-pg0).Microseconds())/n, "postgres-µs/op")
+			b.ReportMetric(float64((selfCPU()-self0).Microseconds())/n, "go-µs/op")
 		})
 	}
 }
@@ -205,4 +214,33 @@ func advanceAll(b *testing.B, ctx context.Context, st *store.Store) {
 		}
 		ids = ids[n:]
 	}
+}
+
+// postgresCPU is the CPU time used so far by every process named postgres.
+func postgresCPU() time.Duration {
+	var total time.Duration
+	dirs, _ := os.ReadDir("/proc")
+	for _, d := range dirs {
+		b, err := os.ReadFile("/proc/" + d.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		open, end := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+		if open < 0 || end < open || s[open+1:end] != "postgres" {
+			continue
+		}
+		f := strings.Fields(s[end+2:])
+		ut, _ := strconv.ParseInt(f[11], 10, 64)
+		st, _ := strconv.ParseInt(f[12], 10, 64)
+		total += time.Duration(ut+st) * time.Second / 100 // USER_HZ
+	}
+	return total
+}
+
+// selfCPU is this process's CPU time so far.
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
