@@ -47,21 +47,7 @@ func TestUnreadBucketsMatchDefinition(t *testing.T) {
 	rng := rand.New(rand.NewSource(seed))
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	url := testenv.PostgresURL(t)
-	st, err := store.Open(ctx, url, 4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	if err := st.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	parleytest.SetUnreadBucketBits(t, url, 2)
-	pg, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pg.Close(ctx)
+	st, pg := bucketStore(t, ctx, 4)
 
 	users := []string{"ana", "ben", "cy"}
 	if err := st.CreateUsers(ctx, users); err != nil {
@@ -183,6 +169,7 @@ func TestUnreadBucketsMatchDefinition(t *testing.T) {
 		default: // ben or cy leaves, or comes back
 			u := users[1+rng.Intn(2)]
 			ch := store.MembershipChange{Conv: conv, Seq: next, Ts: next}
+			var err error
 			if member[u] {
 				_, _, err = st.RemoveMember(ctx, ch, u)
 			} else {
@@ -246,21 +233,7 @@ SELECT coalesce(b.sender, x.sender), coalesce(b.bucket, x.bucket), coalesce(b.n,
 func TestOwnBucketsUnderConcurrentRecallsAndAdvances(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	url := testenv.PostgresURL(t)
-	st, err := store.Open(ctx, url, 8)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	if err := st.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	parleytest.SetUnreadBucketBits(t, url, 2)
-	pg, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pg.Close(ctx)
+	st, pg := bucketStore(t, ctx, 8)
 	if err := st.CreateUsers(ctx, []string{"ana", "ben"}); err != nil {
 		t.Fatal(err)
 	}
@@ -338,4 +311,27 @@ func TestOwnBucketsUnderConcurrentRecallsAndAdvances(t *testing.T) {
 	if err := pg.QueryRow(ctx, `SELECT coalesce(sum(n), 0) FROM own_msg_buckets WHERE conv_id = $1`, conv).Scan(&left); err != nil || left != 0 {
 		t.Fatalf("every message was recalled, yet the buckets hold %d (%v)", left, err)
 	}
+}
+
+// bucketStore opens a store of maxConns connections on a database of its
+// own with buckets of 4 seqs, and a plain connection to inspect it; both
+// are closed when the test ends.
+func bucketStore(t *testing.T, ctx context.Context, maxConns int) (*store.Store, *pgx.Conn) {
+	t.Helper()
+	url := testenv.PostgresURL(t)
+	st, err := store.Open(ctx, url, maxConns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	if err := st.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	parleytest.SetUnreadBucketBits(t, url, 2)
+	pg, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pg.Close(context.Background()) })
+	return st, pg
 }
