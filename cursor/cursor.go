@@ -71,14 +71,6 @@ func New(st *store.Store, rdb redis.UniversalClient, prefix string, log *slog.Lo
 	return c
 }
 
-func observeSince(o batch.Observer, start time.Time) time.Time {
-	now := time.Now()
-	if o != nil {
-		o.Observe(now.Sub(start).Seconds())
-	}
-	return now
-}
-
 // Close finishes queued acks and reads.
 func (c *Cursors) Close() {
 	c.acks.Close()
@@ -109,7 +101,7 @@ func (c *Cursors) commit(items []*pendingAck) {
 	}
 	start := time.Now()
 	res, err := c.st.MergeCursors(ctx, ups)
-	start = observeSince(c.ackMetrics.Postgres, start)
+	start = batch.ObserveSince(c.ackMetrics.Postgres, start)
 	if err != nil {
 		for _, it := range items {
 			it.done(Result{Err: err})
@@ -128,7 +120,7 @@ func (c *Cursors) commit(items []*pendingAck) {
 	}); err != nil {
 		c.log.Debug("cursor hot copy", "err", err)
 	}
-	observeSince(c.ackMetrics.Redis, start)
+	batch.ObserveSince(c.ackMetrics.Redis, start)
 	for i, it := range items {
 		it.done(res[i])
 	}
@@ -161,7 +153,7 @@ func (c *Cursors) commitReads(items []*pendingRead) {
 	}
 	start := time.Now()
 	res, err := c.st.MarkReads(ctx, ups)
-	start = observeSince(c.readMetrics.Postgres, start)
+	start = batch.ObserveSince(c.readMetrics.Postgres, start)
 	if err != nil {
 		for _, it := range items {
 			it.done(store.ReadResult{Err: err})
@@ -177,7 +169,7 @@ func (c *Cursors) commitReads(items []*pendingRead) {
 	}); err != nil {
 		c.log.Debug("read hot copy", "err", err)
 	}
-	observeSince(c.readMetrics.Redis, start)
+	batch.ObserveSince(c.readMetrics.Redis, start)
 	for i, it := range items {
 		it.done(res[i])
 	}

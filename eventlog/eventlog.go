@@ -228,15 +228,14 @@ func (l *Log) insertBatch(ctx context.Context, items []*pendingSend) ([]store.In
 	// One allocation per conversation; a conversation whose allocation
 	// failed (it does not exist, or its Redis shard is failing over) fails
 	// its own sends, and the others go on with the seqs they got.
-	start := l.now()
+	start := time.Now()
 	first, errs := l.seqs.AllocEach(ctx, convs, counts)
-	now := l.now()
-	observe(l.cfg.Stages.Seq, now.Sub(start))
-	ts := now.UnixMilli()
+	start = batch.ObserveSince(l.cfg.Stages.Seq, start)
+	ts := l.now().UnixMilli()
 	results := make([]store.InsertResult, len(items))
 	msgs := make([]store.NewMessage, len(items))
 	var at []int
-	var batch []store.NewMessage
+	var toInsert []store.NewMessage
 	for k, it := range items {
 		i := index[it.msg.Conv]
 		if err := errs[i]; err != nil {
@@ -249,13 +248,13 @@ func (l *Log) insertBatch(ctx context.Context, items []*pendingSend) ([]store.In
 		msgs[k] = store.NewMessage{Conv: it.msg.Conv, Sender: it.msg.Sender, Cmid: it.msg.Cmid, Body: it.msg.Body, Seq: first[i], Ts: ts}
 		first[i]++
 		at = append(at, k)
-		batch = append(batch, msgs[k])
+		toInsert = append(toInsert, msgs[k])
 	}
-	if len(batch) == 0 {
+	if len(toInsert) == 0 {
 		return results, msgs, nil
 	}
-	res, err := l.st.InsertMessages(ctx, batch, l.cfg.RecipientsBelow)
-	observe(l.cfg.Stages.Insert, l.now().Sub(now))
+	res, err := l.st.InsertMessages(ctx, toInsert, l.cfg.RecipientsBelow)
+	batch.ObserveSince(l.cfg.Stages.Insert, start)
 	if err != nil {
 		return nil, msgs, err
 	}
@@ -263,12 +262,6 @@ func (l *Log) insertBatch(ctx context.Context, items []*pendingSend) ([]store.In
 		results[k] = res[j]
 	}
 	return results, msgs, nil
-}
-
-func observe(o batch.Observer, d time.Duration) {
-	if o != nil {
-		o.Observe(d.Seconds())
-	}
 }
 
 // fenceFailed records the seqs of a batch that failed as holes, so

@@ -18,6 +18,16 @@ import (
 // Observer takes one measurement (prometheus.Observer fits).
 type Observer interface{ Observe(float64) }
 
+// ObserveSince gives o (if not nil) the seconds since start, and returns
+// the time now, for timing consecutive stages.
+func ObserveSince(o Observer, start time.Time) time.Time {
+	now := time.Now()
+	if o != nil {
+		o.Observe(now.Sub(start).Seconds())
+	}
+	return now
+}
+
 // ErrClosed is returned by Submit after Close.
 var ErrClosed = errors.New("batch: closed")
 
