@@ -14,7 +14,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"math"
 	"sort"
 	"strings"
 
@@ -46,12 +45,19 @@ type Store struct {
 
 // Open connects to url and checks the connection.
 func Open(ctx context.Context, url string, maxConns int) (*Store, error) {
-	cfg, err := poolConfig(url)
+	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("store: %w", err)
 	}
 	if maxConns > 0 {
 		cfg.MaxConns = int32(maxConns)
+	}
+	// JIT compiles a query whose estimated cost is high, which the page
+	// queries' unread counting (many small index scans, estimated as big)
+	// can reach: 80 ms of compiling to save microseconds. Statements here
+	// are short OLTP ones; an operator's own setting in the URL wins.
+	if _, ok := cfg.ConnConfig.RuntimeParams["jit"]; !ok {
+		cfg.ConnConfig.RuntimeParams["jit"] = "off"
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -62,66 +68,6 @@ func Open(ctx context.Context, url string, maxConns int) (*Store, error) {
 		return nil, fmt.Errorf("store: %w", err)
 	}
 	return &Store{pool: pool}, nil
-}
-
-// poolConfig is url's pool configuration with the session settings and
-// connection warm-up every connection of the store gets.
-func poolConfig(url string) (*pgxpool.Config, error) {
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		return nil, fmt.Errorf("store: %w", err)
-	}
-	// JIT compiles a query whose estimated cost is high, which the page
-	// queries' unread counting (many small index scans, estimated as big)
-	// can reach: 80 ms of compiling to save microseconds. Statements here
-	// are short OLTP ones; an operator's own setting in the URL wins.
-	if _, ok := cfg.ConnConfig.RuntimeParams["jit"]; !ok {
-		cfg.ConnConfig.RuntimeParams["jit"] = "off"
-	}
-	// The hot statements take each request's values as arrays, so a plan
-	// made for the first values serves them all. PostgreSQL would plan
-	// their first five executions on every connection anew (3 ms each for
-	// the read and convs statements, whose unread counting is inlined)
-	// before settling on the generic plan anyway.
-	if _, ok := cfg.ConnConfig.RuntimeParams["plan_cache_mode"]; !ok {
-		cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_generic_plan"
-	}
-	// Each new connection prepares and plans the hot statements before it
-	// serves a request, so no request waits for that (warmHot).
-	cfg.AfterConnect = warmHot
-	return cfg, nil
-}
-
-// warmHot runs each hot statement once on a new connection, with no
-// input rows: pgx prepares it (and later finds it in its statement cache)
-// and PostgreSQL builds its generic plan. Nothing is read or written.
-// Before the migrations have run (the schema is missing) the connection is
-// simply not warmed.
-func warmHot(ctx context.Context, conn *pgx.Conn) error {
-	none, noInts, noInt32s, noBytes := []string{}, []int64{}, []int32{}, [][]byte{}
-	for _, q := range []struct {
-		sql  string
-		args []any
-	}{
-		{insertMessagesPlainSQL, []any{none, noInts, none, none, noBytes, noInts, 0}},
-		{mergeCursorsSQL, []any{none, none, noInt32s, noInts, none}},
-		{markReadsSQL, []any{none, none, noInts, int64(math.MaxInt64)}},
-		{conversationsSQL, []any{"", "", none, noInts}},
-	} {
-		rows, err := conn.Query(ctx, q.sql, q.args...)
-		if err == nil {
-			rows.Close()
-			err = rows.Err()
-		}
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "42883") {
-			return nil // undefined table or function: not migrated yet
-		}
-		if err != nil {
-			return fmt.Errorf("store: warming a new connection: %w", err)
-		}
-	}
-	return nil
 }
 
 // Close closes every connection.
