@@ -468,11 +468,17 @@ WITH d AS (
       FROM conversations c WHERE c.conv_id = ANY($1)
 ), counted AS (
     INSERT INTO own_msg_buckets (conv_id, sender, bucket, n)
-    SELECT e.conv_id, e.sender, e.seq >> s.bucket_bits, count(*)
-      FROM d JOIN events e ON e.conv_id = d.conv_id AND e.seq > d.d0 AND e.seq <= d.d1
-           CROSS JOIN unread_settings s
-     WHERE d.d1 > d.d0 AND e.kind = 1 AND e.recalled_by IS NULL
-     GROUP BY 1, 2, 3
+    SELECT d.conv_id, x.sender, x.bucket, x.n
+      FROM d CROSS JOIN unread_settings s
+      -- LATERAL: each conversation's new seqs by index; a plain join let
+      -- the planner scan every message of the table, growing with it.
+      CROSS JOIN LATERAL (SELECT e.sender, e.seq >> s.bucket_bits AS bucket, count(*) AS n
+                            FROM events e
+                           WHERE e.conv_id = d.conv_id AND e.seq > d.d0 AND e.seq <= d.d1
+                             AND e.kind = 1 AND e.recalled_by IS NULL
+                           GROUP BY 1, 2) x
+     WHERE d.d1 > d.d0
+     ORDER BY 1, 2, 3
     ON CONFLICT (conv_id, sender, bucket) DO UPDATE SET n = own_msg_buckets.n + EXCLUDED.n
 )
 UPDATE conversations c SET dense_seq = d.d1 FROM d WHERE c.conv_id = d.conv_id AND d.d1 > d.d0`, convs)
