@@ -40,11 +40,11 @@ WITH input AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::int[], $4::bigint[], $5::text[]) AS i(device, conv, epoch, seq, usr)
 ), ok AS (
     SELECT i.device, i.conv, i.epoch, i.seq
-      FROM input i JOIN devices d ON d.device_id = i.device AND d.install_epoch = i.epoch
-     WHERE EXISTS (SELECT 1 FROM membership_periods m WHERE m.conv_id = i.conv AND m.user_id = i.usr)
+      FROM (SELECT * FROM input ORDER BY device, conv) i
+      -- Per row, by index (see insertMessagesSQL); locked in input order.
+      CROSS JOIN LATERAL (SELECT 1 FROM devices d WHERE d.device_id = i.device AND d.install_epoch = i.epoch FOR SHARE) d
+     WHERE coalesce((SELECT true FROM membership_periods m WHERE m.conv_id = i.conv AND m.user_id = i.usr LIMIT 1), false)
        AND i.seq <= (SELECT coalesce(max(e.seq), 0) FROM events e WHERE e.conv_id = i.conv)
-     ORDER BY i.device, i.conv
-       FOR SHARE OF d
 )
 INSERT INTO device_cursors (device_id, conv_id, install_epoch, delivered_seq)
 SELECT device, conv, epoch, seq FROM ok ORDER BY device, conv

@@ -105,17 +105,22 @@ func (s *Store) InsertMessages(ctx context.Context, msgs []NewMessage, recipient
 	return res, err
 }
 
+// insertMessagesSQL looks up memberships and conversations per row, by
+// index (scalar and LATERAL subqueries with LIMIT, which the planner does
+// not turn into joins): as joins, a plan made while the tables were small
+// hashed all of them for every batch, and kept doing so as they grew.
 const insertMessagesSQL = `WITH ins AS (
 		INSERT INTO events (conv_id, seq, kind, sender, cmid, body, ts)
 		SELECT u.conv, u.seq, 1, u.sender, u.cmid, u.body, u.ts
 		FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::bytea[], $6::bigint[]) AS u(conv, seq, sender, cmid, body, ts)
-		WHERE EXISTS (SELECT 1 FROM membership_periods m WHERE m.conv_id = u.conv AND m.user_id = u.sender AND m.to_seq IS NULL)
+		WHERE coalesce((SELECT true FROM membership_periods m
+		                WHERE m.conv_id = u.conv AND m.user_id = u.sender AND m.to_seq IS NULL LIMIT 1), false)
 		%s
 		RETURNING conv_id, seq)
 	SELECT ins.conv_id, ins.seq, c.member_count,
 		CASE WHEN c.member_count < $7 THEN ARRAY(SELECT m.user_id FROM membership_periods m
 			WHERE m.conv_id = ins.conv_id AND m.from_seq <= ins.seq AND (m.to_seq IS NULL OR m.to_seq >= ins.seq)) END
-	FROM ins JOIN conversations c ON c.conv_id = ins.conv_id`
+	FROM ins CROSS JOIN LATERAL (SELECT c.member_count FROM conversations c WHERE c.conv_id = ins.conv_id LIMIT 1) c`
 
 var (
 	insertMessagesPlainSQL    = fmt.Sprintf(insertMessagesSQL, "")
