@@ -2,7 +2,6 @@ package server_test
 
 import (
 	"context"
-	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -48,12 +47,7 @@ func BenchmarkWriteAmplification(b *testing.B) {
 			cfg.WriteFanoutMax, cfg.OnlineFanoutMax = tc.writeMax, tc.onlineMax
 			cfg.SendRate = 0
 			env := parleytest.Start(b, cfg)
-			var users []string
-			var devs []parleytest.Device
-			for i := 0; i < members; i++ {
-				users = append(users, fmt.Sprintf("u%02d", i))
-				devs = append(devs, env.User(b, users[i], 1)[0])
-			}
+			users, devs := env.Users(b, "u%02d", members)
 			env.Group(b, "g", users...)
 			ctx := context.Background()
 			var conns []*client.Conn

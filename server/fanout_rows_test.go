@@ -99,12 +99,7 @@ func TestFaultFanoutWorkerKilledMidFanout(t *testing.T) {
 	env := parleytest.Start(t, cfg)
 	rdb := parleytest.RedisClient(t, env.Cfg)
 	const members = 6
-	var users []string
-	var devices []parleytest.Device
-	for i := 0; i < members; i++ {
-		users = append(users, fmt.Sprintf("u%d", i))
-		devices = append(devices, env.User(t, users[i], 1)[0])
-	}
+	users, devices := env.Users(t, "u%d", members)
 	env.Group(t, "big", users...)
 	stream := env.Cfg.RedisPrefix + "fanout:{rows}"
 

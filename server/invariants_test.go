@@ -62,13 +62,7 @@ func TestD1RedisFlushAndRestartLoseNothing(t *testing.T) {
 	cfg.HoleTimeout = 500 * time.Millisecond
 	env := parleytest.Start(t, cfg)
 	const senders, perSender = 4, 150
-	var members []string
-	var devs []parleytest.Device
-	for i := 0; i < senders; i++ {
-		u := fmt.Sprintf("u%d", i)
-		members = append(members, u)
-		devs = append(devs, env.User(t, u, 1)[0])
-	}
+	members, devs := env.Users(t, "u%d", senders)
 	env.Group(t, "g", members...)
 
 	var mu sync.Mutex

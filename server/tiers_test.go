@@ -242,12 +242,7 @@ func TestG1JoinBoundary(t *testing.T) {
 			cfg.WriteFanoutMax, cfg.OnlineFanoutMax = tc.writeMax, tc.onlineMax
 			cfg.SendRate = 0
 			env := parleytest.Start(t, cfg)
-			var members []string
-			var devs []parleytest.Device
-			for i := 0; i < 5; i++ {
-				members = append(members, fmt.Sprintf("m%d", i))
-				devs = append(devs, env.User(t, members[i], 1)[0])
-			}
+			members, devs := env.Users(t, "m%d", 5)
 			nu := env.User(t, "nu", 1)[0]
 			env.Group(t, "g", members...)
 			rec := &recorder{}

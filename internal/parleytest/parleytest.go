@@ -164,6 +164,18 @@ func (e *Env) User(t testing.TB, id string, devices int) []Device {
 	return ProvisionUser(t, e.AdminURL, id, devices)
 }
 
+// Users creates n users named fmt.Sprintf(format, i), i from 0, with one
+// device each, and returns their ids and devices.
+func (e *Env) Users(t testing.TB, format string, n int) ([]string, []Device) {
+	t.Helper()
+	ids, devs := make([]string, n), make([]Device, n)
+	for i := range ids {
+		ids[i] = fmt.Sprintf(format, i)
+		devs[i] = e.User(t, ids[i], 1)[0]
+	}
+	return ids, devs
+}
+
 // ProvisionUser is Env.User against any admin URL.
 func ProvisionUser(t testing.TB, adminURL, id string, devices int) []Device {
 	t.Helper()

@@ -554,36 +554,10 @@ func RedisClusterSeeds(t testing.TB, prefix string) string {
 		ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
 		defer cancel()
 		if err := cc.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
-			return deletePrefixEach(ctx, m, prefix)
+			return deletePrefix(ctx, m, prefix)
 		}); err != nil {
 			t.Errorf("testenv: deleting Redis Cluster keys %s*: %v", prefix, err)
 		}
 	})
 	return seeds
-}
-
-// deletePrefixEach is deletePrefix for a cluster node, which refuses a
-// multi-key UNLINK across slots: one UNLINK per key, pipelined.
-func deletePrefixEach(ctx context.Context, c *redis.Client, prefix string) error {
-	var cursor uint64
-	for {
-		keys, next, err := c.Scan(ctx, cursor, prefix+"*", 1000).Result()
-		if err != nil {
-			return err
-		}
-		if len(keys) > 0 {
-			if _, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
-				for _, k := range keys {
-					p.Unlink(ctx, k)
-				}
-				return nil
-			}); err != nil {
-				return err
-			}
-		}
-		if next == 0 {
-			return nil
-		}
-		cursor = next
-	}
 }

@@ -209,8 +209,10 @@ func Redis(t testing.TB) (url, prefix string) {
 	return url, prefix
 }
 
-// deletePrefix unlinks every key starting with prefix. prefix holds no glob
-// metacharacters.
+// deletePrefix unlinks every key starting with prefix, on a single
+// server or on one cluster node. prefix holds no glob metacharacters. One
+// UNLINK per key, pipelined: a cluster node refuses a multi-key UNLINK
+// across slots.
 func deletePrefix(ctx context.Context, c *redis.Client, prefix string) error {
 	var cursor uint64
 	for {
@@ -219,7 +221,12 @@ func deletePrefix(ctx context.Context, c *redis.Client, prefix string) error {
 			return err
 		}
 		if len(keys) > 0 {
-			if err := c.Unlink(ctx, keys...).Err(); err != nil {
+			if _, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+				for _, k := range keys {
+					p.Unlink(ctx, k)
+				}
+				return nil
+			}); err != nil {
 				return err
 			}
 		}
