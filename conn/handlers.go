@@ -219,7 +219,7 @@ func (g *Gateway) send(s *Session, req *wire.Request, start time.Time) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.RequestTimeout)
-	m := eventlog.Message{Conv: req.Conv, Sender: s.user, Device: s.device, Cmid: req.Cmid, Body: req.Body, Key: s.id}
+	m := eventlog.Message{Conv: req.Conv, Sender: s.user, Device: s.device, Cmid: req.Cmid, Body: req.Body}
 	rid, cmid, conv := req.Rid, req.Cmid, req.Conv
 	g.deps.Log.Send(ctx, m, func(r eventlog.SendResult) {
 		cancel()

@@ -19,7 +19,7 @@ type Session struct {
 	// Static after construction.
 	g      *Gateway
 	c      gnet.Conn
-	id     uint64 // orders this connection's sends, acks and reads in the commit queues
+	id     uint64 // keeps this connection's acks and reads in order in their commit queues
 	opened time.Time
 
 	// Owned by the event loop.

@@ -37,10 +37,6 @@ type Message struct {
 	Device string // the sending device (it gets send_ok instead of a push)
 	Cmid   string
 	Body   []byte
-	// Key orders sends: those with the same key (one connection's) are
-	// committed in the order they were sent, so their seqs follow that
-	// order too.
-	Key uint64
 }
 
 // SendResult is the outcome of one send.
@@ -116,6 +112,9 @@ const maxUnfenced = 100000
 type pendingSend struct {
 	msg  Message
 	done func(SendResult)
+	// Set by allocate: the seq allocated, or why none was.
+	seq      int64
+	allocErr error
 }
 
 // New starts the group-commit workers. onCommit receives every committed
@@ -124,7 +123,7 @@ type pendingSend struct {
 func New(st *store.Store, seqs *seq.Allocator, cfg Config, log *slog.Logger, onCommit func([]Committed)) *Log {
 	l := &Log{st: st, seqs: seqs, cfg: cfg, log: log, onCommit: onCommit, now: time.Now,
 		members: memberCache{st: st, ttl: 5 * time.Second}}
-	l.sends = batch.New(cfg.CommitWorkers, cfg.CommitBatch, cfg.CommitBatch*cfg.CommitWorkers*4, cfg.CommitLinger, l.commitSends, cfg.BatchSizes, cfg.Stages.Queue)
+	l.sends = batch.New(cfg.CommitWorkers, cfg.CommitBatch, cfg.CommitBatch*cfg.CommitWorkers*4, cfg.CommitLinger, l.allocate, l.commitSends, cfg.BatchSizes, cfg.Stages.Queue)
 	l.stop = make(chan struct{})
 	l.wg.Add(1)
 	go l.fenceLoop()
@@ -144,9 +143,9 @@ func (l *Log) Close() {
 
 // Send queues m; done is called exactly once, after m was committed (or
 // found to be a duplicate) or failed. A sender who is not a current member
-// is refused before any seq is allocated. Sends with the same Key are
-// committed in order. Sends queued by one caller are
-// committed in order.
+// is refused before any seq is allocated. Sends queued one after another
+// get increasing seqs (seqs are allocated in queue order; the commits of
+// different batches may then finish in any order).
 func (l *Log) Send(ctx context.Context, m Message, done func(SendResult)) {
 	if ok, err := l.members.isMember(ctx, m.Sender, m.Conv); err != nil || !ok {
 		if err == nil {
@@ -155,13 +154,58 @@ func (l *Log) Send(ctx context.Context, m Message, done func(SendResult)) {
 		done(SendResult{Err: err})
 		return
 	}
-	if err := l.sends.Submit(ctx, m.Key, &pendingSend{msg: m, done: done}); err != nil {
+	if err := l.sends.Submit(ctx, &pendingSend{msg: m, done: done}); err != nil {
 		done(SendResult{Err: err})
 	}
 }
 
-// commitSends runs one batch: allocate seqs (one Redis round trip), insert
-// (one PostgreSQL transaction), retry the rows whose seq was taken.
+// allocate is the ordered stage of a batch: it allocates the seqs of its
+// sends in one Redis round trip (one INCRBY per conversation). Batches are
+// allocated one at a time in queue order, so a connection's sends get
+// increasing seqs even though batches commit concurrently.
+func (l *Log) allocate(items []*pendingSend) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	l.allocateEach(ctx, items)
+	batch.ObserveSince(l.cfg.Stages.Seq, start)
+}
+
+// allocateEach sets the seq (or allocErr) of every item. A conversation
+// whose allocation failed (it does not exist, or its Redis shard is
+// failing over) fails its own sends, and the others go on with the seqs
+// they got.
+func (l *Log) allocateEach(ctx context.Context, items []*pendingSend) {
+	var convs []string
+	var counts []int64
+	index := map[string]int{}
+	for _, it := range items {
+		i, ok := index[it.msg.Conv]
+		if !ok {
+			i = len(convs)
+			index[it.msg.Conv] = i
+			convs = append(convs, it.msg.Conv)
+			counts = append(counts, 0)
+		}
+		counts[i]++
+	}
+	first, errs := l.seqs.AllocEach(ctx, convs, counts)
+	for _, it := range items {
+		i := index[it.msg.Conv]
+		if err := errs[i]; err != nil {
+			if errors.Is(err, store.ErrNotFound) {
+				err = store.ErrNotMember // ids cannot be probed
+			}
+			it.seq, it.allocErr = 0, err
+			continue
+		}
+		it.seq, it.allocErr = first[i], nil
+		first[i]++
+	}
+}
+
+// commitSends runs one allocated batch: insert (one PostgreSQL
+// transaction), then allocate anew and retry the rows whose seq was taken.
 func (l *Log) commitSends(items []*pendingSend) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -173,6 +217,9 @@ func (l *Log) commitSends(items []*pendingSend) {
 				it.done(SendResult{Err: ErrRetries})
 			}
 			break
+		}
+		if attempt > 0 {
+			l.allocateEach(ctx, todo)
 		}
 		var retry []*pendingSend
 		results, msgs, err := l.insertBatch(ctx, todo)
@@ -211,42 +258,20 @@ func (l *Log) commitSends(items []*pendingSend) {
 	}
 }
 
+// insertBatch inserts the items that got a seq, in one transaction.
 func (l *Log) insertBatch(ctx context.Context, items []*pendingSend) ([]store.InsertResult, []store.NewMessage, error) {
-	var convs []string
-	var counts []int64
-	index := map[string]int{}
-	for _, it := range items {
-		i, ok := index[it.msg.Conv]
-		if !ok {
-			i = len(convs)
-			index[it.msg.Conv] = i
-			convs = append(convs, it.msg.Conv)
-			counts = append(counts, 0)
-		}
-		counts[i]++
-	}
-	// One allocation per conversation; a conversation whose allocation
-	// failed (it does not exist, or its Redis shard is failing over) fails
-	// its own sends, and the others go on with the seqs they got.
 	start := time.Now()
-	first, errs := l.seqs.AllocEach(ctx, convs, counts)
-	start = batch.ObserveSince(l.cfg.Stages.Seq, start)
 	ts := l.now().UnixMilli()
 	results := make([]store.InsertResult, len(items))
 	msgs := make([]store.NewMessage, len(items))
 	var at []int
 	var toInsert []store.NewMessage
 	for k, it := range items {
-		i := index[it.msg.Conv]
-		if err := errs[i]; err != nil {
-			if errors.Is(err, store.ErrNotFound) {
-				err = store.ErrNotMember // ids cannot be probed
-			}
-			results[k].Err = err
+		if it.allocErr != nil {
+			results[k].Err = it.allocErr
 			continue
 		}
-		msgs[k] = store.NewMessage{Conv: it.msg.Conv, Sender: it.msg.Sender, Cmid: it.msg.Cmid, Body: it.msg.Body, Seq: first[i], Ts: ts}
-		first[i]++
+		msgs[k] = store.NewMessage{Conv: it.msg.Conv, Sender: it.msg.Sender, Cmid: it.msg.Cmid, Body: it.msg.Body, Seq: it.seq, Ts: ts}
 		at = append(at, k)
 		toInsert = append(toInsert, msgs[k])
 	}

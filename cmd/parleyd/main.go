@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"runtime/debug"
 	"syscall"
 	"time"
 
@@ -46,6 +47,7 @@ func main() {
 	if runtime.GOMAXPROCS(0) < 2 && os.Getenv("GOMAXPROCS") == "" {
 		runtime.GOMAXPROCS(2)
 	}
+	tuneGC()
 	var level slog.Level
 	_ = level.UnmarshalText([]byte(cfg.LogLevel))
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
@@ -90,4 +92,26 @@ type redisLogger struct{ l *slog.Logger }
 
 func (r redisLogger) Printf(ctx context.Context, format string, v ...any) {
 	r.l.WarnContext(ctx, "redis client", "msg", fmt.Sprintf(format, v...))
+}
+
+// gcPercent is parleyd's GOGC unless the environment sets one. parleyd's
+// live heap is small (tens of MB at 10,000 sends/s) and its garbage is
+// short-lived frames and rows, so Go's default (collect when the heap has
+// doubled) collects many times a second, and each collection takes a
+// quarter of the Ps from the event loops while it marks. At 10,000
+// sends/s on the reference machine, 800 cut send_ok p50 from 7.0 to
+// 4.4 ms and machine CPU per send by 8% (docs/operations.md).
+const gcPercent = 800
+
+// tuneGC sets GOGC to gcPercent and, so that the larger heap cannot
+// outgrow the machine, a soft memory limit of half the physical memory,
+// each only if the environment does not set it.
+func tuneGC() {
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(gcPercent)
+	}
+	var si syscall.Sysinfo_t
+	if os.Getenv("GOMEMLIMIT") == "" && syscall.Sysinfo(&si) == nil {
+		debug.SetMemoryLimit(int64(si.Totalram) * int64(si.Unit) / 2)
+	}
 }

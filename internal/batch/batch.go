@@ -3,9 +3,11 @@
 // at once; under load, items that queue up while workers are busy go
 // together into the next batch, so one PostgreSQL commit serves many.
 //
-// Items are sharded over the workers by a key: items with the same key
-// (one client connection's requests) go to the same worker and are run in
-// the order they were submitted.
+// All workers take from one queue, so no item waits behind a busy worker
+// while another is idle. Batches are formed one at a time, in submit
+// order, and an optional prepare step (seq allocation) runs on each batch
+// before the next is formed: what prepare hands out follows submit order,
+// while the batches themselves then run concurrently.
 package batch
 
 import (
@@ -35,12 +37,18 @@ var ErrClosed = errors.New("batch: closed")
 // workers batches in flight.
 type Batcher[T any] struct {
 	// Static after construction.
-	max    int
-	linger time.Duration
-	run    func([]T)
-	chs    []chan entry[T] // one per worker
-	sizes  Observer        // nil: not observed
-	waits  Observer        // nil: not observed
+	max     int
+	linger  time.Duration
+	prepare func([]T) // nil: none
+	run     func([]T)
+	ch      chan entry[T]
+	sizes   Observer // nil: not observed
+	waits   Observer // nil: not observed
+
+	// form is held by the worker forming (and preparing) the next batch:
+	// batches are formed one at a time, in submit order.
+	form sync.Mutex
+	busy bool // guarded by form: the previous batch had more than one item
 
 	mu     sync.RWMutex // guards closed; held shared by Submit while sending on ch
 	closed bool
@@ -49,29 +57,32 @@ type Batcher[T any] struct {
 
 // New starts workers goroutines. queue is how many items may wait.
 //
-// linger is how long a worker that is under load (its previous batch had
-// more than one item) waits for more items before running a batch that is
-// not full: a little latency buys bigger batches, hence fewer commits and
-// less contention on PostgreSQL's WAL. A worker that is not under load
-// runs a lone item at once.
+// linger is how long the worker forming a batch waits for more items when
+// under load (the previous batch had more than one item) before running a
+// batch that is not full: a little latency buys bigger batches, hence
+// fewer commits and less contention on PostgreSQL's WAL. Not under load,
+// a lone item runs at once.
+//
+// prepare, if not nil, runs on each batch right after it is formed and
+// before the next one is: items are prepared in the order they were
+// submitted, one batch at a time. run then runs the batches concurrently.
 //
 // sizes, if not nil, observes the size of every batch, and waits how long
-// each item waited, in seconds, from Submit to the start of its batch's
-// run (metrics).
-func New[T any](workers, max, queue int, linger time.Duration, run func([]T), sizes, waits Observer) *Batcher[T] {
-	b := &Batcher[T]{max: max, linger: linger, run: run, sizes: sizes, waits: waits}
+// each item waited, in seconds, from Submit to the start of its batch
+// (metrics).
+func New[T any](workers, max, queue int, linger time.Duration, prepare, run func([]T), sizes, waits Observer) *Batcher[T] {
+	b := &Batcher[T]{max: max, linger: linger, prepare: prepare, run: run, sizes: sizes, waits: waits,
+		ch: make(chan entry[T], queue)}
 	b.wg.Add(workers)
 	for i := 0; i < workers; i++ {
-		ch := make(chan entry[T], queue/workers+1)
-		b.chs = append(b.chs, ch)
-		go b.work(ch)
+		go b.work()
 	}
 	return b
 }
 
-// Submit queues item on the worker of key. It blocks while that queue is
-// full (backpressure) or until ctx is done.
-func (b *Batcher[T]) Submit(ctx context.Context, key uint64, item T) error {
+// Submit queues item. It blocks while the queue is full (backpressure) or
+// until ctx is done.
+func (b *Batcher[T]) Submit(ctx context.Context, item T) error {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
 	if b.closed {
@@ -82,7 +93,7 @@ func (b *Batcher[T]) Submit(ctx context.Context, key uint64, item T) error {
 		e.at = time.Now()
 	}
 	select {
-	case b.chs[key%uint64(len(b.chs))] <- e:
+	case b.ch <- e:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
@@ -95,9 +106,7 @@ func (b *Batcher[T]) Close() {
 	b.mu.Lock()
 	if !b.closed {
 		b.closed = true
-		for _, ch := range b.chs {
-			close(ch)
-		}
+		close(b.ch)
 	}
 	b.mu.Unlock()
 	b.wg.Wait()
@@ -110,58 +119,105 @@ type entry[T any] struct {
 	at   time.Time
 }
 
-func (b *Batcher[T]) work(ch chan entry[T]) {
+func (b *Batcher[T]) work() {
 	defer b.wg.Done()
-	items := make([]T, 0, b.max)
-	var ats []time.Time
-	busy := false
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
-	for first := range ch {
-		items, ats = append(items[:0], first.item), append(ats[:0], first.at)
-		var deadline <-chan time.Time
-		if busy && b.linger > 0 {
-			timer.Reset(b.linger)
-			deadline = timer.C
+	for {
+		items, ok := b.next(timer)
+		if !ok {
+			return
 		}
-	fill:
-		for len(items) < b.max {
-			select {
-			case it, ok := <-ch:
-				if !ok {
-					break fill
-				}
-				items, ats = append(items, it.item), append(ats, it.at)
-				continue
-			default:
-			}
+		b.run(items)
+	}
+}
+
+// next forms the next batch (and prepares it) under b.form; false once
+// the queue is closed and drained.
+func (b *Batcher[T]) next(timer *time.Timer) ([]T, bool) {
+	b.form.Lock()
+	defer b.form.Unlock()
+	first, ok := <-b.ch
+	if !ok {
+		return nil, false
+	}
+	items := make([]T, 1, b.max)
+	items[0] = first.item
+	var ats []time.Time
+	if b.waits != nil {
+		ats = append(ats, first.at)
+	}
+	var deadline <-chan time.Time
+	if b.busy && b.linger > 0 {
+		timer.Reset(b.linger)
+		deadline = timer.C
+	}
+fill:
+	for len(items) < b.max {
+		var it entry[T]
+		select {
+		case it, ok = <-b.ch:
+		default:
 			if deadline == nil {
-				break
+				break fill
 			}
 			select {
-			case it, ok := <-ch:
-				if !ok {
-					break fill
-				}
-				items, ats = append(items, it.item), append(ats, it.at)
+			case it, ok = <-b.ch:
 			case <-deadline:
 				deadline = nil
 				break fill
 			}
 		}
-		timer.Stop() // Go 1.23+: no stale tick can be received after Stop
-
-		busy = len(items) > 1
-		if b.sizes != nil {
-			b.sizes.Observe(float64(len(items)))
+		if !ok {
+			break
 		}
+		items = append(items, it.item)
 		if b.waits != nil {
-			now := time.Now()
-			for _, at := range ats {
-				b.waits.Observe(now.Sub(at).Seconds())
-			}
+			ats = append(ats, it.at)
 		}
-		b.run(items)
-		clear(items)
+	}
+	timer.Stop() // Go 1.23+: no stale tick can be received after Stop
+	b.busy = len(items) > 1
+	if b.sizes != nil {
+		b.sizes.Observe(float64(len(items)))
+	}
+	if b.waits != nil {
+		now := time.Now()
+		for _, at := range ats {
+			b.waits.Observe(now.Sub(at).Seconds())
+		}
+	}
+	if b.prepare != nil {
+		b.prepare(items)
+	}
+	return items, true
+}
+
+// Sharded is a set of one-worker Batchers: Submit picks one by key, so
+// items with the same key (one connection's acks) run one batch at a time,
+// in the order they were submitted.
+type Sharded[T any] struct {
+	shards []*Batcher[T]
+}
+
+// NewSharded starts workers one-worker Batchers; queue is shared out
+// among them. See New for the rest.
+func NewSharded[T any](workers, max, queue int, linger time.Duration, run func([]T), sizes, waits Observer) *Sharded[T] {
+	s := &Sharded[T]{}
+	for i := 0; i < workers; i++ {
+		s.shards = append(s.shards, New(1, max, queue/workers+1, linger, nil, run, sizes, waits))
+	}
+	return s
+}
+
+// Submit queues item on the shard of key (see Batcher.Submit).
+func (s *Sharded[T]) Submit(ctx context.Context, key uint64, item T) error {
+	return s.shards[key%uint64(len(s.shards))].Submit(ctx, item)
+}
+
+// Close closes every shard (see Batcher.Close).
+func (s *Sharded[T]) Close() {
+	for _, b := range s.shards {
+		b.Close()
 	}
 }

@@ -2,6 +2,7 @@ package batch
 
 import (
 	"context"
+	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
@@ -13,7 +14,7 @@ func TestLoneItemRunsAtOnceAndBatchesForm(t *testing.T) {
 	release := make(chan struct{})
 	running := make(chan struct{})
 	first := true
-	b := New(1, 100, 1000, 50*time.Millisecond, func(items []int) {
+	b := New(1, 100, 1000, 50*time.Millisecond, nil, func(items []int) {
 		mu.Lock()
 		sizes = append(sizes, len(items))
 		block := first
@@ -25,12 +26,12 @@ func TestLoneItemRunsAtOnceAndBatchesForm(t *testing.T) {
 		}
 	}, nil, nil)
 	start := time.Now()
-	if err := b.Submit(context.Background(), 0, 0); err != nil {
+	if err := b.Submit(context.Background(), 0); err != nil {
 		t.Fatal(err)
 	}
 	<-running
 	for i := 1; i <= 10; i++ {
-		_ = b.Submit(context.Background(), 0, i)
+		_ = b.Submit(context.Background(), i)
 	}
 	time.Sleep(10 * time.Millisecond)
 	close(release)
@@ -48,13 +49,13 @@ func TestLoneItemRunsAtOnceAndBatchesForm(t *testing.T) {
 func TestCloseRunsQueuedAndRefusesNew(t *testing.T) {
 	var mu sync.Mutex
 	n := 0
-	b := New(2, 4, 100, time.Millisecond, func(items []int) {
+	b := New(2, 4, 100, time.Millisecond, nil, func(items []int) {
 		mu.Lock()
 		n += len(items)
 		mu.Unlock()
 	}, nil, nil)
 	for i := 0; i < 50; i++ {
-		if err := b.Submit(context.Background(), uint64(i), i); err != nil {
+		if err := b.Submit(context.Background(), i); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -63,15 +64,70 @@ func TestCloseRunsQueuedAndRefusesNew(t *testing.T) {
 	if n != 50 {
 		t.Fatalf("ran %d of 50", n)
 	}
-	if err := b.Submit(context.Background(), 1, 1); err != ErrClosed {
+	if err := b.Submit(context.Background(), 1); err != ErrClosed {
 		t.Fatalf("submit after close: %v", err)
 	}
 }
 
-func TestSameKeyRunsInOrder(t *testing.T) {
+// Eight submitters, one per key: prepare sees each key's items in the
+// order they were submitted, while the batches themselves run
+// concurrently (at some point two are running at once).
+func TestPreparesInSubmitOrderAndRunsConcurrently(t *testing.T) {
+	var mu sync.Mutex
+	last := map[int]int{} // key -> last value prepared
+	running, most := 0, 0
+	b := New(4, 3, 1000, time.Millisecond, func(items [][2]int) {
+		// Preparing takes a random while (a Redis round trip): were
+		// batches prepared concurrently, a later one would often finish
+		// first.
+		time.Sleep(time.Duration(rand.IntN(300)) * time.Microsecond)
+		mu.Lock()
+		defer mu.Unlock()
+		for _, it := range items {
+			if it[1] <= last[it[0]] {
+				t.Errorf("key %d: %d prepared after %d", it[0], it[1], last[it[0]])
+			}
+			last[it[0]] = it[1]
+		}
+	}, func(items [][2]int) {
+		mu.Lock()
+		running++
+		most = max(most, running)
+		mu.Unlock()
+		time.Sleep(time.Duration(len(items)) * 100 * time.Microsecond)
+		mu.Lock()
+		running--
+		mu.Unlock()
+	}, nil, nil)
+	var wg sync.WaitGroup
+	for k := 0; k < 8; k++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for v := 1; v <= 200; v++ {
+				if err := b.Submit(context.Background(), [2]int{k, v}); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	b.Close()
+	for k := 0; k < 8; k++ {
+		if last[k] != 200 {
+			t.Fatalf("key %d ended at %d", k, last[k])
+		}
+	}
+	if most < 2 {
+		t.Fatalf("at most %d batch ran at a time, want concurrent batches", most)
+	}
+}
+
+func TestShardedRunsSameKeyInOrder(t *testing.T) {
 	var mu sync.Mutex
 	last := map[int]int{} // key -> last value run
-	b := New(4, 3, 1000, time.Millisecond, func(items [][2]int) {
+	b := NewSharded(4, 3, 1000, time.Millisecond, func(items [][2]int) {
 		time.Sleep(time.Duration(len(items)) * 100 * time.Microsecond)
 		mu.Lock()
 		defer mu.Unlock()
@@ -115,19 +171,19 @@ func TestObservesSizesAndWaits(t *testing.T) {
 	var sizes, waits observed
 	release := make(chan struct{})
 	first := true
-	b := New(1, 100, 1000, 0, func(items []int) {
+	b := New(1, 100, 1000, 0, nil, func(items []int) {
 		if first {
 			first = false
 			<-release
 		}
 	}, &sizes, &waits)
 	ctx := context.Background()
-	if err := b.Submit(ctx, 0, 0); err != nil {
+	if err := b.Submit(ctx, 0); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(5 * time.Millisecond) // the first batch is running
 	for i := 1; i <= 5; i++ {
-		if err := b.Submit(ctx, 0, i); err != nil {
+		if err := b.Submit(ctx, i); err != nil {
 			t.Fatal(err)
 		}
 	}
