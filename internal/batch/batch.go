@@ -33,8 +33,18 @@ func ObserveSince(o Observer, start time.Time) time.Time {
 // ErrClosed is returned by Submit after Close.
 var ErrClosed = errors.New("batch: closed")
 
-// Batcher runs run(items) on batches of at most max items, with at most
-// workers batches in flight.
+// Batcher runs run(items) on batches of at most max items: at most
+// workers batches at once, or half as many again when the batches are full
+// (a backlog).
+//
+// One goroutine forms the batches, in submit order, and prepares each
+// (seq allocation) while the workers run earlier ones; it holds at most
+// one prepared batch until a worker is free. So preparing never keeps a
+// worker idle. Under moderate load, few transactions in flight make bigger
+// batches (fewer commits, less CPU, lower latency); under a backlog, more
+// in flight raise the peak (measured on the 2-core reference machine: 4
+// workers peaked at 24,300-25,400 sends/s, 4 plus 2 for full batches at
+// 29,600-29,900, with the same latency at 10,000 sends/s).
 type Batcher[T any] struct {
 	// Static after construction.
 	max     int
@@ -42,39 +52,49 @@ type Batcher[T any] struct {
 	prepare func([]T) // nil: none
 	run     func([]T)
 	ch      chan entry[T]
-	sizes   Observer // nil: not observed
-	waits   Observer // nil: not observed
-
-	// form is held by the worker forming (and preparing) the next batch:
-	// batches are formed one at a time, in submit order.
-	form sync.Mutex
-	busy bool // guarded by form: the previous batch had more than one item
+	ready   chan formed[T] // formed (and prepared) batches, to the workers
+	partial chan struct{}  // a token per running batch that is not full
+	sizes   Observer       // nil: not observed
+	waits   Observer       // nil: not observed
 
 	mu     sync.RWMutex // guards closed; held shared by Submit while sending on ch
 	closed bool
 	wg     sync.WaitGroup
 }
 
-// New starts workers goroutines. queue is how many items may wait.
+// formed is a batch ready to run.
+type formed[T any] struct {
+	items    []T
+	ats      []time.Time   // when each item was submitted (if waits are observed)
+	prepared time.Duration // how long prepare took
+	token    bool          // holds a partial token
+}
+
+// New starts the batch former and workers + workers/2 goroutines to run
+// batches (workers/2 only for full ones). queue is how many items may
+// wait.
 //
-// linger is how long the worker forming a batch waits for more items when
-// under load (the previous batch had more than one item) before running a
-// batch that is not full: a little latency buys bigger batches, hence
-// fewer commits and less contention on PostgreSQL's WAL. Not under load,
-// a lone item runs at once.
+// linger is how long the former waits for more items when under load
+// (the previous batch had more than one item) before closing a batch that
+// is not full: a little latency buys bigger batches, hence fewer commits
+// and less contention on PostgreSQL's WAL. Not under load, a lone item
+// runs at once.
 //
 // prepare, if not nil, runs on each batch right after it is formed and
-// before the next one is: items are prepared in the order they were
-// submitted, one batch at a time. run then runs the batches concurrently.
+// before the next one is formed: items are prepared in the order they
+// were submitted, one batch at a time. run then runs the batches
+// concurrently, in any order.
 //
 // sizes, if not nil, observes the size of every batch, and waits how long
-// each item waited, in seconds, from Submit to the start of its batch
-// (metrics).
+// each item waited, in seconds, from Submit until a worker started its
+// batch, less the time its batch spent in prepare (metrics).
 func New[T any](workers, max, queue int, linger time.Duration, prepare, run func([]T), sizes, waits Observer) *Batcher[T] {
 	b := &Batcher[T]{max: max, linger: linger, prepare: prepare, run: run, sizes: sizes, waits: waits,
-		ch: make(chan entry[T], queue)}
-	b.wg.Add(workers)
-	for i := 0; i < workers; i++ {
+		ch: make(chan entry[T], queue), ready: make(chan formed[T]), partial: make(chan struct{}, workers)}
+	extra := workers / 2 // none for one worker: Sharded relies on that
+	b.wg.Add(workers + extra + 1)
+	go b.form()
+	for i := 0; i < workers+extra; i++ {
 		go b.work()
 	}
 	return b
@@ -119,78 +139,82 @@ type entry[T any] struct {
 	at   time.Time
 }
 
+// work runs formed batches until the former is done.
 func (b *Batcher[T]) work() {
 	defer b.wg.Done()
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
-	for {
-		items, ok := b.next(timer)
-		if !ok {
-			return
+	for f := range b.ready {
+		if b.waits != nil {
+			now := time.Now()
+			for _, at := range f.ats {
+				b.waits.Observe((now.Sub(at) - f.prepared).Seconds())
+			}
 		}
-		b.run(items)
+		b.run(f.items)
+		if f.token {
+			<-b.partial
+		}
 	}
 }
 
-// next forms the next batch (and prepares it) under b.form; false once
-// the queue is closed and drained.
-func (b *Batcher[T]) next(timer *time.Timer) ([]T, bool) {
-	b.form.Lock()
-	defer b.form.Unlock()
-	first, ok := <-b.ch
-	if !ok {
-		return nil, false
-	}
-	items := make([]T, 1, b.max)
-	items[0] = first.item
-	var ats []time.Time
-	if b.waits != nil {
-		ats = append(ats, first.at)
-	}
-	var deadline <-chan time.Time
-	if b.busy && b.linger > 0 {
-		timer.Reset(b.linger)
-		deadline = timer.C
-	}
-fill:
-	for len(items) < b.max {
-		var it entry[T]
-		select {
-		case it, ok = <-b.ch:
-		default:
-			if deadline == nil {
-				break fill
-			}
+// form forms batches until the queue is closed and drained.
+func (b *Batcher[T]) form() {
+	defer b.wg.Done()
+	defer close(b.ready)
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	busy := false // the previous batch had more than one item
+	for first := range b.ch {
+		f := formed[T]{items: make([]T, 1, b.max)}
+		f.items[0] = first.item
+		if b.waits != nil {
+			f.ats = append(f.ats, first.at)
+		}
+		var deadline <-chan time.Time
+		if busy && b.linger > 0 {
+			timer.Reset(b.linger)
+			deadline = timer.C
+		}
+	fill:
+		for len(f.items) < b.max {
+			var it entry[T]
+			var ok bool
 			select {
 			case it, ok = <-b.ch:
-			case <-deadline:
-				deadline = nil
-				break fill
+			default:
+				if deadline == nil {
+					break fill
+				}
+				select {
+				case it, ok = <-b.ch:
+				case <-deadline:
+					deadline = nil
+					break fill
+				}
+			}
+			if !ok {
+				break
+			}
+			f.items = append(f.items, it.item)
+			if b.waits != nil {
+				f.ats = append(f.ats, it.at)
 			}
 		}
-		if !ok {
-			break
+		timer.Stop() // Go 1.23+: no stale tick can be received after Stop
+		busy = len(f.items) > 1
+		if b.sizes != nil {
+			b.sizes.Observe(float64(len(f.items)))
 		}
-		items = append(items, it.item)
-		if b.waits != nil {
-			ats = append(ats, it.at)
+		if b.prepare != nil {
+			start := time.Now()
+			b.prepare(f.items)
+			f.prepared = time.Since(start)
 		}
-	}
-	timer.Stop() // Go 1.23+: no stale tick can be received after Stop
-	b.busy = len(items) > 1
-	if b.sizes != nil {
-		b.sizes.Observe(float64(len(items)))
-	}
-	if b.waits != nil {
-		now := time.Now()
-		for _, at := range ats {
-			b.waits.Observe(now.Sub(at).Seconds())
+		if len(f.items) < b.max {
+			b.partial <- struct{}{}
+			f.token = true
 		}
+		b.ready <- f
 	}
-	if b.prepare != nil {
-		b.prepare(items)
-	}
-	return items, true
 }
 
 // Sharded is a set of one-worker Batchers: Submit picks one by key, so
