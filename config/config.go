@@ -86,6 +86,11 @@ type Config struct {
 	// OnlineFanoutMax: groups up to this size use online-only fan-out
 	// ("online"); larger ones use read fan-out ("pull").
 	OnlineFanoutMax int `yaml:"online_fanout_max" default:"2000"`
+	// PushCoalesce: pushes of online- and pull-tier conversations
+	// (write_fanout_max members or more) wait up to this long in each
+	// device's outbox, so that several go out in one write; 0 writes each
+	// at once.
+	PushCoalesce time.Duration `yaml:"push_coalesce" default:"0s"`
 	// SnapshotFullMax: a snapshot item with a gap up to this returns every
 	// event after `after`.
 	SnapshotFullMax int `yaml:"snapshot_full_max" default:"200"`
@@ -196,6 +201,9 @@ func (c Config) Validate() error {
 	}
 	if c.WriteFanoutMax < 0 || c.OnlineFanoutMax < c.WriteFanoutMax {
 		errs = append(errs, errors.New("need 0 <= write_fanout_max <= online_fanout_max"))
+	}
+	if c.PushCoalesce < 0 {
+		errs = append(errs, errors.New("push_coalesce must not be negative"))
 	}
 	if strings.ContainsAny(c.RedisPrefix, "{}") {
 		errs = append(errs, errors.New("redis_prefix must not contain { or }"))

@@ -64,6 +64,8 @@ type Gateway struct {
 	snapshots combiner[store.SnapshotQuery, []store.SnapshotItem]
 	lookups   combiner[string, deviceLookup] // auth: device id -> row
 
+	coalesce coalescer // sessions with coalesced pushes to flush
+
 	mu       sync.RWMutex
 	sessions map[*Session]struct{} // every open connection
 	devices  map[string]*Session   // device -> its authenticated connection
@@ -82,6 +84,9 @@ func New(cfg config.Config, deps Deps, log *slog.Logger, reg prometheus.Register
 		sessions: map[*Session]struct{}{}, devices: map[string]*Session{},
 	}
 	g.initCombiners()
+	if cfg.PushCoalesce > 0 {
+		go g.coalesceLoop(cfg.PushCoalesce)
+	}
 	return g
 }
 
@@ -310,16 +315,19 @@ func (g *Gateway) OnTick() (time.Duration, gnet.Action) {
 
 // Deliver writes frames to this gateway's connections (fanout.Local).
 func (g *Gateway) Deliver(ds []fanout.Delivery) {
+	now := time.Now()
+	pushes := 0
 	g.mu.RLock()
-	defer g.mu.RUnlock()
 	for _, d := range ds {
 		for _, t := range d.Targets {
 			if s := g.devices[t.Device]; s != nil {
-				s.push(d.Frame, d.Conv, d.Seq)
-				g.metrics.framesOut.WithLabelValues(wire.TPush).Inc()
+				s.push(d.Frame, d.Conv, d.Seq, d.Coalesce, now)
+				pushes++
 			}
 		}
 	}
+	g.mu.RUnlock()
+	g.metrics.pushesOut.Add(float64(pushes))
 }
 
 // Kick closes the device's connection if it is the one with t.Token (a

@@ -261,7 +261,9 @@ func (g *Gateway) ack(s *Session, req *wire.Request, start time.Time) {
 	g.deps.Cursors.Merge(ctx, s.id, a, func(r cursor.Result) {
 		cancel()
 		if r.Err == nil {
+			s.omu.Lock()
 			s.redelivery.acked(conv, r.Delivered)
+			s.omu.Unlock()
 		}
 		g.metrics.latency.WithLabelValues(wire.TAck).Observe(time.Since(start).Seconds())
 		g.answer(s, &wire.Request{T: wire.TAck, Rid: rid}, r.Err, wire.AckOK{T: wire.TAckOK, Rid: rid, Conv: conv, Delivered: r.Delivered})

@@ -1,12 +1,17 @@
 package conn
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/parley-im/parley/wire"
+)
 
 // metrics of the gateway. Labels are low-cardinality: frame types, reasons.
 type metrics struct {
 	connections prometheus.Gauge
 	framesIn    *prometheus.CounterVec
 	framesOut   *prometheus.CounterVec
+	pushesOut   prometheus.Counter // framesOut of push: resolved once, counted per batch
 	errors      *prometheus.CounterVec
 	drops       *prometheus.CounterVec
 	refusals    *prometheus.CounterVec
@@ -35,6 +40,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "parley_gateway_combined_requests", Help: "Requests answered by one database statement, by type (snapshot, auth).",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 10)}, []string{"type"}),
 	}
+	m.pushesOut = m.framesOut.WithLabelValues(wire.TPush)
 	if reg != nil {
 		reg.MustRegister(m.connections, m.framesIn, m.framesOut, m.errors, m.drops, m.refusals, m.latency, m.combined)
 	}

@@ -1,7 +1,6 @@
 package conn
 
 import (
-	"sync"
 	"time"
 
 	"github.com/parley-im/parley/wire"
@@ -12,9 +11,9 @@ import (
 // a conversation that stays unacked for longer than redelivery_delay, so a
 // push the device lost is repaired without waiting for the user; repeated
 // hints back off exponentially (up to 16 × the delay) until an ack covers
-// the conversation's newest pushed seq.
+// the conversation's newest pushed seq. The session's omu guards it (a
+// push takes that lock anyway).
 type redelivery struct {
-	mu      sync.Mutex
 	unacked map[string]*unacked // conv ->
 }
 
@@ -26,8 +25,6 @@ type unacked struct {
 
 // pushed records that seq of conv went to the device.
 func (r *redelivery) pushed(conv string, seq int64, now time.Time, delay time.Duration) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
 	if r.unacked == nil {
 		r.unacked = map[string]*unacked{}
 	}
@@ -41,8 +38,6 @@ func (r *redelivery) pushed(conv string, seq int64, now time.Time, delay time.Du
 
 // acked records the device's merged cursor.
 func (r *redelivery) acked(conv string, delivered int64) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
 	if u := r.unacked[conv]; u != nil && delivered >= u.seq {
 		delete(r.unacked, conv)
 	}
@@ -50,8 +45,6 @@ func (r *redelivery) acked(conv string, delivered int64) {
 
 // due returns the hints to send now and schedules the next ones.
 func (r *redelivery) due(now time.Time, delay time.Duration) []wire.Hint {
-	r.mu.Lock()
-	defer r.mu.Unlock()
 	var hints []wire.Hint
 	for conv, u := range r.unacked {
 		if now.Before(u.due) {

@@ -44,15 +44,16 @@ type Session struct {
 	running bool
 
 	// Outbox: frames waiting for the event loop. Guarded by omu.
-	omu       sync.Mutex
-	out       []byte
-	spare     []byte
-	scheduled bool             // an AsyncWrite of this outbox is queued on the loop
-	behind    map[string]int64 // conv -> newest seq dropped for this slow device: owes a hint
-	kick      bool             // close once the outbox is written
-	backlog   int              // bytes gnet still held at the last flush
+	omu        sync.Mutex
+	out        []byte
+	spare      []byte
+	scheduled  bool             // an AsyncWrite of this outbox is queued on the loop
+	coalescing bool             // queued for the gateway's coalescing flush
+	behind     map[string]int64 // conv -> newest seq dropped for this slow device: owes a hint
+	kick       bool             // close once the outbox is written
+	backlog    int              // bytes gnet still held at the last flush
 
-	redelivery redelivery
+	redelivery redelivery // guarded by omu
 
 	sendTokens float64 // send rate limiter, guarded by qmu (only the request goroutine uses it)
 	sendLast   time.Time
@@ -132,12 +133,10 @@ func (s *Session) reply(v any) {
 
 // push queues a frame that may be dropped for a slow device: conv and seq
 // say what the device then has to sync. A frame without conv is never
-// dropped.
-func (s *Session) push(frame []byte, conv string, seq int64) {
-	if conv != "" && s.g.cfg.RedeliveryDelay > 0 {
-		s.redelivery.pushed(conv, seq, time.Now(), s.g.cfg.RedeliveryDelay)
-	}
-	s.write(frame, conv, seq)
+// dropped. A coalesced push may wait push_coalesce for the gateway's
+// coalescing flush (or go out earlier with any other frame).
+func (s *Session) push(frame []byte, conv string, seq int64, coalesce bool, now time.Time) {
+	s.write(frame, conv, seq, coalesce && s.g.cfg.PushCoalesce > 0, now)
 }
 
 // redeliver sends the hints the redelivery scan owes this device.
@@ -145,7 +144,10 @@ func (s *Session) redeliver(now time.Time) {
 	if s.g.cfg.RedeliveryDelay <= 0 || !s.authed.Load() {
 		return
 	}
-	for _, h := range s.redelivery.due(now, s.g.cfg.RedeliveryDelay) {
+	s.omu.Lock()
+	hints := s.redelivery.due(now, s.g.cfg.RedeliveryDelay)
+	s.omu.Unlock()
+	for _, h := range hints {
 		s.reply(h)
 		s.g.metrics.framesOut.WithLabelValues(wire.THint).Inc()
 	}
@@ -155,12 +157,15 @@ func (s *Session) redeliver(now time.Time) {
 // push (conv != "") to a device whose backlog exceeds max_outbound is
 // dropped and owed as a hint; a backlog of twice that (replies it does not
 // read) closes the connection.
-func (s *Session) write(frame []byte, conv string, seq int64) {
+func (s *Session) write(frame []byte, conv string, seq int64, coalesce bool, now time.Time) {
 	if s.closed.Load() {
 		return
 	}
 	limit := s.g.cfg.MaxOutbound
 	s.omu.Lock()
+	if conv != "" && s.g.cfg.RedeliveryDelay > 0 {
+		s.redelivery.pushed(conv, seq, now, s.g.cfg.RedeliveryDelay)
+	}
 	pending := len(s.out) + s.backlog
 	if conv != "" && (pending > limit || s.behind != nil) {
 		if s.behind == nil {
@@ -180,7 +185,17 @@ func (s *Session) write(frame []byte, conv string, seq int64) {
 		return
 	}
 	s.out = append(s.out, frame...)
-	s.flushLocked()
+	if coalesce && !s.scheduled {
+		// The gateway's coalescing flush writes it, with whatever else
+		// this device is pushed until then (an AsyncWrite in flight
+		// takes it along when it completes: see written).
+		if !s.coalescing {
+			s.coalescing = true
+			s.g.coalesce.add(s)
+		}
+	} else {
+		s.flushLocked()
+	}
 	s.omu.Unlock()
 }
 

@@ -45,6 +45,9 @@ type Delivery struct {
 	Seq     int64    `msgpack:"s"`
 	Frame   []byte   `msgpack:"f"` // the encoded push (length prefix included), shared by all targets
 	Targets []Target `msgpack:"t"`
+	// Coalesce: a big group's push, which may wait push_coalesce in the
+	// device's outbox to share a write with others.
+	Coalesce bool `msgpack:"l,omitempty"`
 }
 
 // Local is the gateway of this process: it writes frames to its own
@@ -300,7 +303,7 @@ func (f *Fanout) deliverSmall(ctx context.Context, evs []eventlog.Committed) err
 						return err
 					}
 				}
-				out.add(e.Event, frame, r)
+				out.add(e.Event, frame, r, false)
 			}
 		}
 	}
@@ -311,13 +314,14 @@ func (f *Fanout) deliverSmall(ctx context.Context, evs []eventlog.Committed) err
 // deliveries are push frames grouped by gateway.
 type deliveries map[string][]Delivery
 
-// add addresses frame (e's push) to the device of r.
-func (d deliveries) add(e store.Event, frame []byte, r route.Entry) {
+// add addresses frame (e's push) to the device of r; coalesce marks a
+// big group's push (see Delivery).
+func (d deliveries) add(e store.Event, frame []byte, r route.Entry, coalesce bool) {
 	ds := d[r.Gateway]
 	if n := len(ds); n > 0 && &ds[n-1].Frame[0] == &frame[0] {
 		ds[n-1].Targets = append(ds[n-1].Targets, Target{Device: r.Device, Token: r.Token})
 	} else {
-		ds = append(ds, Delivery{Conv: e.Conv, Seq: e.Seq, Frame: frame, Targets: []Target{{Device: r.Device, Token: r.Token}}})
+		ds = append(ds, Delivery{Conv: e.Conv, Seq: e.Seq, Frame: frame, Targets: []Target{{Device: r.Device, Token: r.Token}}, Coalesce: coalesce})
 	}
 	d[r.Gateway] = ds
 }

@@ -64,7 +64,7 @@ func (f *Fanout) deliverBig(ctx context.Context, evs []eventlog.Committed) error
 				if r.FromSeq > e.Seq || r.Device == e.Device {
 					continue
 				}
-				out.add(e.Event, frame, r.Entry)
+				out.add(e.Event, frame, r.Entry, true)
 				users[r.User] = true
 			}
 			if e.Kind == store.KindLeave {
@@ -76,7 +76,7 @@ func (f *Fanout) deliverBig(ctx context.Context, evs []eventlog.Committed) error
 				}
 				for _, r := range leavers {
 					if r.Device != e.Device {
-						out.add(e.Event, frame, r)
+						out.add(e.Event, frame, r, true)
 					}
 				}
 			}

@@ -20,12 +20,15 @@ import (
 var tierConfigs = []struct {
 	name                string
 	writeMax, onlineMax int
+	coalesce            time.Duration // push_coalesce
 }{
-	{"push", 6, 10},         // 4–5 members: push
-	{"online", 3, 10},       // online
-	{"pull", 2, 3},          // pull
-	{"online<->push", 5, 5}, // 5: online, 4: push, 5: online again
-	{"pull<->online", 2, 4}, // 5: pull, 4: online, 5: pull again
+	{"push", 6, 10, 0},         // 4–5 members: push
+	{"online", 3, 10, 0},       // online
+	{"pull", 2, 3, 0},          // pull
+	{"online<->push", 5, 5, 0}, // 5: online, 4: push, 5: online again
+	{"pull<->online", 2, 4, 0}, // 5: pull, 4: online, 5: pull again
+	// Big groups' pushes held up to 50 ms to share writes: only later.
+	{"pull<->online, coalesced", 2, 4, 50 * time.Millisecond},
 }
 
 // recorder keeps the frames one device receives.
@@ -57,9 +60,10 @@ func (r *recorder) snapshot() string {
 // tierScenario runs one scripted history in group "g" on a server with the
 // given thresholds and returns everything clients can see, minus
 // timestamps and mode.
-func tierScenario(t *testing.T, writeMax, onlineMax int) (result string, modes []string) {
+func tierScenario(t *testing.T, writeMax, onlineMax int, coalesce time.Duration) (result string, modes []string) {
 	cfg := parleytest.Config(t)
 	cfg.WriteFanoutMax, cfg.OnlineFanoutMax = writeMax, onlineMax
+	cfg.PushCoalesce = coalesce
 	env := parleytest.Start(t, cfg)
 	devs := map[string][]parleytest.Device{}
 	for _, u := range []string{"a", "b", "c", "d", "e"} {
@@ -209,11 +213,12 @@ func tierScenario(t *testing.T, writeMax, onlineMax int) (result string, modes [
 func TestG2TierInvariance(t *testing.T) {
 	var want string
 	for i, tc := range tierConfigs {
-		got, modes := tierScenario(t, tc.writeMax, tc.onlineMax)
+		got, modes := tierScenario(t, tc.writeMax, tc.onlineMax, tc.coalesce)
 		t.Logf("%s: modes %v", tc.name, modes)
 		wantModes := map[string][]string{
 			"push": {"push", "push", "push"}, "online": {"online", "online", "online"}, "pull": {"pull", "pull", "pull"},
 			"online<->push": {"online", "push", "online"}, "pull<->online": {"pull", "online", "pull"},
+			"pull<->online, coalesced": {"pull", "online", "pull"},
 		}[tc.name]
 		if fmt.Sprint(modes) != fmt.Sprint(wantModes) {
 			t.Errorf("%s: modes %v, want %v", tc.name, modes, wantModes)
