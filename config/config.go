@@ -122,7 +122,7 @@ type Config struct {
 	// more sends (or acks) before committing a batch that is not full:
 	// fewer, bigger commits. An idle worker commits a lone item at once.
 	// Reads never linger (they are few, and a user is waiting for them).
-	CommitLinger time.Duration `yaml:"commit_linger" default:"1ms"`
+	CommitLinger time.Duration `yaml:"commit_linger" default:"2ms"`
 	// SendRate is the per-device sustained send rate (messages/s); 0
 	// disables the limit.
 	SendRate int `yaml:"send_rate" default:"100"`
