@@ -43,7 +43,7 @@ var ErrClosed = errors.New("batch: closed")
 // worker idle. Under moderate load, few transactions in flight make bigger
 // batches (fewer commits, less CPU, lower latency); under a backlog, more
 // in flight raise the peak (measured on the 2-core reference machine: 4
-// workers peaked at 24,300-25,400 sends/s, 4 plus 2 for full batches at
+// workers peaked at 23,700-25,400 sends/s, 4 plus 2 for full batches at
 // 29,600-29,900, with the same latency at 10,000 sends/s).
 type Batcher[T any] struct {
 	// Static after construction.
