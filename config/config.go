@@ -118,10 +118,11 @@ type Config struct {
 	// after the push gets a hint for that conversation (repeated with
 	// exponential backoff); 0 disables the redelivery scan.
 	RedeliveryDelay time.Duration `yaml:"redelivery_delay" default:"10s"`
-	// CommitLinger: a commit worker under load waits up to this long for
-	// more sends (or acks) before committing a batch that is not full:
-	// fewer, bigger commits. An idle worker commits a lone item at once.
-	// Reads never linger (they are few, and a user is waiting for them).
+	// CommitLinger: under load, a batch of sends (or acks) that is not
+	// full waits up to this long for more before it is committed: fewer,
+	// bigger commits. A lone item after an idle spell is committed at
+	// once. Reads never linger (they are few, and a user is waiting for
+	// them).
 	CommitLinger time.Duration `yaml:"commit_linger" default:"2ms"`
 	// SendRate is the per-device sustained send rate (messages/s); 0
 	// disables the limit.

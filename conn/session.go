@@ -153,10 +153,12 @@ func (s *Session) redeliver(now time.Time) {
 	}
 }
 
-// write appends frame to the outbox and schedules a flush on the loop. A
+// write appends frame to the outbox and schedules a flush on the loop
+// (a coalesced push: leaves that to the gateway's coalescing flush). A
 // push (conv != "") to a device whose backlog exceeds max_outbound is
 // dropped and owed as a hint; a backlog of twice that (replies it does not
-// read) closes the connection.
+// read) closes the connection. now is when the push was handed over (for
+// the redelivery scan).
 func (s *Session) write(frame []byte, conv string, seq int64, coalesce bool, now time.Time) {
 	if s.closed.Load() {
 		return
@@ -185,10 +187,10 @@ func (s *Session) write(frame []byte, conv string, seq int64, coalesce bool, now
 		return
 	}
 	s.out = append(s.out, frame...)
+	// A coalesced push waits for the gateway's coalescing flush, with
+	// whatever else this device is pushed until then; if an AsyncWrite is
+	// in flight, its completion flushes the outbox anyway (see written).
 	if coalesce && !s.scheduled {
-		// The gateway's coalescing flush writes it, with whatever else
-		// this device is pushed until then (an AsyncWrite in flight
-		// takes it along when it completes: see written).
 		if !s.coalescing {
 			s.coalescing = true
 			s.g.coalesce.add(s)

@@ -68,18 +68,8 @@ func TestFullBatchesUseExtraWorkers(t *testing.T) {
 		max, want int
 	}{{"partial", 100, 2}, {"full", 1, 3}} {
 		t.Run(tc.name, func(t *testing.T) {
-			var mu sync.Mutex
-			running, most := 0, 0
-			b := New(2, tc.max, 1000, 0, nil, func(items []int) {
-				mu.Lock()
-				running++
-				most = max(most, running)
-				mu.Unlock()
-				time.Sleep(20 * time.Millisecond)
-				mu.Lock()
-				running--
-				mu.Unlock()
-			}, nil, nil)
+			var flight inFlight
+			b := New(2, tc.max, 1000, 0, nil, func(items []int) { flight.run(20 * time.Millisecond) }, nil, nil)
 			for i := 0; i < 6; i++ {
 				if err := b.Submit(context.Background(), i); err != nil {
 					t.Fatal(err)
@@ -87,7 +77,7 @@ func TestFullBatchesUseExtraWorkers(t *testing.T) {
 				time.Sleep(2 * time.Millisecond) // one item per batch
 			}
 			b.Close()
-			if most != tc.want {
+			if most := flight.max(); most != tc.want {
 				t.Fatalf("at most %d batches ran at once, want %d", most, tc.want)
 			}
 		})
@@ -121,31 +111,16 @@ func TestCloseRunsQueuedAndRefusesNew(t *testing.T) {
 // order they were submitted, while the batches themselves run
 // concurrently (at some point two are running at once).
 func TestPreparesInSubmitOrderAndRunsConcurrently(t *testing.T) {
-	var mu sync.Mutex
-	last := map[int]int{} // key -> last value prepared
-	running, most := 0, 0
+	var order keyOrder
+	var flight inFlight
 	b := New(4, 3, 1000, time.Millisecond, func(items [][2]int) {
 		// Preparing takes a random while (a Redis round trip): were
 		// batches prepared concurrently, a later one would often finish
 		// first.
 		time.Sleep(time.Duration(rand.IntN(300)) * time.Microsecond)
-		mu.Lock()
-		defer mu.Unlock()
-		for _, it := range items {
-			if it[1] <= last[it[0]] {
-				t.Errorf("key %d: %d prepared after %d", it[0], it[1], last[it[0]])
-			}
-			last[it[0]] = it[1]
-		}
+		order.see(t, items, "prepared")
 	}, func(items [][2]int) {
-		mu.Lock()
-		running++
-		most = max(most, running)
-		mu.Unlock()
-		time.Sleep(time.Duration(len(items)) * 100 * time.Microsecond)
-		mu.Lock()
-		running--
-		mu.Unlock()
+		flight.run(time.Duration(len(items)) * 100 * time.Microsecond)
 	}, nil, nil)
 	var wg sync.WaitGroup
 	for k := 0; k < 8; k++ {
@@ -162,29 +137,17 @@ func TestPreparesInSubmitOrderAndRunsConcurrently(t *testing.T) {
 	}
 	wg.Wait()
 	b.Close()
-	for k := 0; k < 8; k++ {
-		if last[k] != 200 {
-			t.Fatalf("key %d ended at %d", k, last[k])
-		}
-	}
-	if most < 2 {
+	order.endedAt(t, 8, 200)
+	if most := flight.max(); most < 2 {
 		t.Fatalf("at most %d batch ran at a time, want concurrent batches", most)
 	}
 }
 
 func TestShardedRunsSameKeyInOrder(t *testing.T) {
-	var mu sync.Mutex
-	last := map[int]int{} // key -> last value run
+	var order keyOrder
 	b := NewSharded(4, 3, 1000, time.Millisecond, func(items [][2]int) {
 		time.Sleep(time.Duration(len(items)) * 100 * time.Microsecond)
-		mu.Lock()
-		defer mu.Unlock()
-		for _, it := range items {
-			if it[1] <= last[it[0]] {
-				t.Errorf("key %d: %d ran after %d", it[0], it[1], last[it[0]])
-			}
-			last[it[0]] = it[1]
-		}
+		order.see(t, items, "ran")
 	}, nil, nil)
 	for v := 1; v <= 200; v++ {
 		for k := 0; k < 8; k++ {
@@ -194,11 +157,62 @@ func TestShardedRunsSameKeyInOrder(t *testing.T) {
 		}
 	}
 	b.Close()
-	for k := 0; k < 8; k++ {
-		if last[k] != 200 {
-			t.Fatalf("key %d ended at %d", k, last[k])
+	order.endedAt(t, 8, 200)
+}
+
+// keyOrder checks that items [key, value] are seen in increasing value
+// order per key.
+type keyOrder struct {
+	mu   sync.Mutex
+	last map[int]int // key -> last value seen
+}
+
+func (o *keyOrder) see(t *testing.T, items [][2]int, verb string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.last == nil {
+		o.last = map[int]int{}
+	}
+	for _, it := range items {
+		if it[1] <= o.last[it[0]] {
+			t.Errorf("key %d: %d %s after %d", it[0], it[1], verb, o.last[it[0]])
+		}
+		o.last[it[0]] = it[1]
+	}
+}
+
+// endedAt checks that keys 0..keys-1 were all seen up to value v.
+func (o *keyOrder) endedAt(t *testing.T, keys, v int) {
+	t.Helper()
+	for k := 0; k < keys; k++ {
+		if o.last[k] != v {
+			t.Fatalf("key %d ended at %d", k, o.last[k])
 		}
 	}
+}
+
+// inFlight counts the batches running at once and the most seen.
+type inFlight struct {
+	mu            sync.Mutex
+	running, most int
+}
+
+// run counts a batch that takes d.
+func (f *inFlight) run(d time.Duration) {
+	f.mu.Lock()
+	f.running++
+	f.most = max(f.most, f.running)
+	f.mu.Unlock()
+	time.Sleep(d)
+	f.mu.Lock()
+	f.running--
+	f.mu.Unlock()
+}
+
+func (f *inFlight) max() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.most
 }
 
 type observed struct {
