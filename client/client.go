@@ -202,7 +202,11 @@ type Options struct {
 	// every AckDelay. Use it when OnEvent stores events durably before
 	// returning; otherwise call Ack yourself once they are stored.
 	AutoAck bool
-	// AckDelay is the AutoAck batching window (default 50 ms).
+	// AckDelay is the AutoAck batching window (default 50 ms). Every ack
+	// is a durable write on the server: a longer window (250 ms to 1 s)
+	// costs the server much less and the device fewer radio wake-ups,
+	// and the server needs acks only for its redelivery scan
+	// (docs/operations.md, "What acks cost").
 	AckDelay time.Duration
 
 	// Dialer, if set, dials the TCP connections.
