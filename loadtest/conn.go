@@ -37,6 +37,8 @@ type Conn struct {
 	hints   map[string]int64 // conv → head of hints not synced yet
 	queued  bool             // c is on r.syncQ
 
+	ackArmed atomic.Bool // an ack flush is scheduled (armAck)
+
 	// Scenario mixed.
 	readWant map[string]int64   // conv → the seq its scheduled read will report (present while one is scheduled)
 	reads    map[uint64]readReq // pipe mode: read rid number → the read awaiting its reply
@@ -249,6 +251,33 @@ func (c *Conn) send(conv string, k, intended int64) {
 	}
 }
 
+// armAck schedules, if none is scheduled yet, an ack of every cursor of c
+// that moved, AckDelay from now, as client.Client's AutoAck does: each
+// device acks on its own clock, AckDelay after the first event it was not
+// yet going to ack, so acks spread over time as pushes do (a shared
+// ticker would make every device ack at the same instant).
+func (c *Conn) armAck() {
+	if c.r.acking.Load() && c.ackArmed.CompareAndSwap(false, true) {
+		time.AfterFunc(c.r.cfg.AckDelay, c.flushAcks)
+	}
+}
+
+// flushAcks acks each of c's cursors that moved since its last ack.
+func (c *Conn) flushAcks() {
+	c.ackArmed.Store(false)
+	if !c.r.acking.Load() {
+		return
+	}
+	for conv, ref := range c.routes {
+		if ref.i < 0 {
+			continue
+		}
+		if seq, ok := ref.track.ackable(ref.i); ok {
+			c.ack(conv, seq)
+		}
+	}
+}
+
 // ack tells the server the device holds every event of conv up to seq,
 // fire-and-forget (no rid: only an error comes back).
 func (c *Conn) ack(conv string, seq int64) {
@@ -345,6 +374,7 @@ func (c *Conn) syncHinted(ctx context.Context) {
 					c.r.tracker.Synced(ref.track, ref.i, ev.Seq, c.sentBy(ev.Cmid))
 				}
 			}
+			c.armAck()
 			if !m.More || m.Upto <= after {
 				break
 			}
@@ -466,6 +496,7 @@ func (c *Conn) onFrame(m wire.Message) {
 			r.tracker.Unexpected()
 			return
 		}
+		c.armAck()
 		if r.tracker.Pushed(ref.track, ref.i, m.Seq) && len(m.Body) >= 8 {
 			now := r.clk.now()
 			r.push.Record(c.idx, now-int64(binary.BigEndian.Uint64(m.Body)))
@@ -498,6 +529,7 @@ func (c *Conn) confirmed(m wire.Message, intended int64) {
 		return
 	}
 	r.tracker.Confirmed(ref.track, ref.i, m.Seq, m.Dup)
+	c.armAck()
 	if r.mix != nil && !m.Dup {
 		// The sender's other devices are owed the push too.
 		r.mix.siblingOwed.Add(int64(r.mix.devsOf[r.mix.userOf[c.idx]] - 1))

@@ -397,6 +397,7 @@ type runner struct {
 	lastOK     atomic.Int64 // unix nanos of the newest send_ok
 	lastPush   atomic.Int64 // unix nanos of the newest counted push
 	acks       atomic.Int64 // acks written
+	acking     atomic.Bool  // devices ack (Config.AckDelay > 0) and the load is running
 	syncs      atomic.Int64 // sync pages read after hints
 	pushesSeen atomic.Int64 // for Config.dropEvery
 	syncQ      chan *Conn   // connections with hints to sync; set by connectAll

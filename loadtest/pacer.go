@@ -19,10 +19,9 @@ func (r *runner) load(ctx context.Context, fire func(k, intended int64)) {
 	}
 	_, stopSampler := r.startSampler(time.Second)
 
-	ackDone := make(chan struct{})
-	if r.cfg.AckDelay > 0 {
-		r.goroutine(func() { r.ackLoop(ackDone) })
-	}
+	keepDone := make(chan struct{})
+	r.goroutine(func() { r.keepalive(keepDone) })
+	r.acking.Store(r.cfg.AckDelay > 0)
 	syncCtx, stopSync := context.WithCancel(r.ctx)
 	for range syncers {
 		r.goroutine(func() { r.syncer(syncCtx) })
@@ -36,7 +35,8 @@ func (r *runner) load(ctx context.Context, fire func(k, intended int64)) {
 	if r.mix != nil {
 		r.report.Mixed.ReadsUnsent = r.mix.stop()
 	}
-	close(ackDone)
+	r.acking.Store(false)
+	close(keepDone)
 	stopSync()
 
 	cpu1 := r.sampleCPU()
@@ -110,42 +110,27 @@ func (r *runner) syncer(ctx context.Context) {
 	}
 }
 
-// keepalive is how often every connection pings during a load (the
+// keepaliveEvery is how often every connection pings during a load (the
 // server's idle_timeout defaults to 90 s).
-const keepalive = 30 * time.Second
+const keepaliveEvery = 30 * time.Second
 
-// ackLoop acks, every AckDelay, each device's cursor in each of its
-// conversations that moved, as client.Client does with AutoAck.
-func (r *runner) ackLoop(done <-chan struct{}) {
-	t := time.NewTicker(r.cfg.AckDelay)
+// keepalive pings every connection every keepaliveEvery until done, so
+// that devices that only receive (and never ack, with -ack 0) do not reach
+// the server's idle_timeout in a long run.
+func (r *runner) keepalive(done <-chan struct{}) {
+	t := time.NewTicker(keepaliveEvery)
 	defer t.Stop()
 	r.mu.Lock()
 	conns := r.conns
 	r.mu.Unlock()
-	lastPing := time.Now()
 	for {
 		select {
 		case <-done:
 			return
 		case <-t.C:
 		}
-		if time.Since(lastPing) >= keepalive {
-			// Devices that only receive (and never ack, with -ack 0) must
-			// not reach the server's idle_timeout in a long run.
-			lastPing = time.Now()
-			for _, c := range conns {
-				c.ping()
-			}
-		}
 		for _, c := range conns {
-			for conv, ref := range c.routes {
-				if ref.i < 0 {
-					continue
-				}
-				if seq, ok := ref.track.ackable(ref.i); ok {
-					c.ack(conv, seq)
-				}
-			}
+			c.ping()
 		}
 	}
 }
