@@ -223,6 +223,9 @@ func (g *Gateway) send(s *Session, req *wire.Request, start time.Time) {
 	rid, cmid, conv := req.Rid, req.Cmid, req.Conv
 	g.deps.Log.Send(ctx, m, func(r eventlog.SendResult) {
 		cancel()
+		if r.Err == nil {
+			s.know(conv, r.Seq)
+		}
 		g.metrics.latency.WithLabelValues(wire.TSend).Observe(time.Since(start).Seconds())
 		g.answer(s, &wire.Request{T: wire.TSend, Rid: rid}, r.Err,
 			wire.SendOK{T: wire.TSendOK, Rid: rid, Conv: conv, Cmid: cmid, Seq: r.Seq, Ts: r.Ts, Dup: r.Dup})
@@ -244,6 +247,7 @@ func (g *Gateway) sync(ctx context.Context, s *Session, req *wire.Request) {
 	for i, e := range p.Events {
 		evs[i] = WireEvent(e)
 	}
+	s.know(req.Conv, p.Upto)
 	g.answer(s, req, nil, wire.SyncOK{T: wire.TSyncOK, Rid: req.Rid, Conv: req.Conv, Epoch: p.Epoch, Head: p.Head,
 		MinSeq: p.MinSeq, Upto: p.Upto, More: p.Upto < p.Head, Events: evs})
 }
@@ -255,7 +259,9 @@ func WireEvent(e store.Event) wire.Event {
 }
 
 func (g *Gateway) ack(s *Session, req *wire.Request, start time.Time) {
-	a := cursor.Ack{Device: s.device, User: s.user, Conv: req.Conv, Epoch: s.epoch, Seq: req.Seq}
+	// Known: the connection was given this seq, so it is committed and
+	// the user is or was a member; PostgreSQL then checks only the epoch.
+	a := cursor.Ack{Device: s.device, User: s.user, Conv: req.Conv, Epoch: s.epoch, Seq: req.Seq, Known: s.knows(req.Conv, req.Seq)}
 	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.RequestTimeout)
 	rid, conv := req.Rid, req.Conv
 	g.deps.Cursors.Merge(ctx, s.id, a, func(r cursor.Result) {
@@ -333,6 +339,7 @@ func (g *Gateway) convs(ctx context.Context, s *Session, req *wire.Request) {
 	}
 	out := wire.ConvsOK{T: wire.TConvsOK, Rid: req.Rid, More: more, Items: make([]wire.ConvItem, len(items))}
 	for i, it := range items {
+		s.know(it.Conv, it.Head)
 		out.Items[i] = wire.ConvItem{Conv: it.Conv, Kind: it.Kind, Title: it.Title,
 			Mode: fanout.Mode(it.Members, g.cfg.WriteFanoutMax, g.cfg.OnlineFanoutMax), Epoch: it.Epoch, Head: it.Head,
 			MinSeq: it.MinSeq, Delivered: it.Delivered, Read: it.Read, Unread: it.Unread, LastTs: it.LastTs}

@@ -54,6 +54,11 @@ type Session struct {
 	backlog    int              // bytes gnet still held at the last flush
 
 	redelivery redelivery // guarded by omu
+	// known: conv -> the newest seq this connection was pushed or given
+	// (send_ok, sync, convs). Guarded by omu. Such a seq is committed and
+	// the user is, or was, a member, so an ack up to it needs neither the
+	// membership nor the head check in PostgreSQL (see Gateway.ack).
+	known map[string]int64
 
 	sendTokens float64 // send rate limiter, guarded by qmu (only the request goroutine uses it)
 	sendLast   time.Time
@@ -165,8 +170,11 @@ func (s *Session) write(frame []byte, conv string, seq int64, coalesce bool, now
 	}
 	limit := s.g.cfg.MaxOutbound
 	s.omu.Lock()
-	if conv != "" && s.g.cfg.RedeliveryDelay > 0 {
-		s.redelivery.pushed(conv, seq, now, s.g.cfg.RedeliveryDelay)
+	if conv != "" {
+		s.knowLocked(conv, seq)
+		if s.g.cfg.RedeliveryDelay > 0 {
+			s.redelivery.pushed(conv, seq, now, s.g.cfg.RedeliveryDelay)
+		}
 	}
 	pending := len(s.out) + s.backlog
 	if conv != "" && (pending > limit || s.behind != nil) {
@@ -199,6 +207,32 @@ func (s *Session) write(frame []byte, conv string, seq int64, coalesce bool, now
 		s.flushLocked()
 	}
 	s.omu.Unlock()
+}
+
+// know records that seq of conv is committed and visible to the user (it
+// was pushed, confirmed or synced to this connection).
+func (s *Session) know(conv string, seq int64) {
+	s.omu.Lock()
+	s.knowLocked(conv, seq)
+	s.omu.Unlock()
+}
+
+func (s *Session) knowLocked(conv string, seq int64) {
+	if s.known == nil {
+		s.known = map[string]int64{}
+	}
+	if k, ok := s.known[conv]; !ok || seq > k {
+		s.known[conv] = seq
+	}
+}
+
+// knows reports whether seq of conv is at most what the connection was
+// given (know).
+func (s *Session) knows(conv string, seq int64) bool {
+	s.omu.Lock()
+	k, ok := s.known[conv]
+	s.omu.Unlock()
+	return ok && seq <= k
 }
 
 // flushLocked schedules an AsyncWrite of the outbox if none is queued.

@@ -401,12 +401,28 @@ func TestM1AckMaxMergeNeverAboveHead(t *testing.T) {
 	if _, err := cb.Ack(ctx(t), "g", 11); wire.CodeOf(err) != wire.StaleInstall {
 		t.Fatalf("ack from the old install: %v", err)
 	}
-	cb2, _ := dial(t, env, ben[0])
+	cb2, pushes := dial(t, env, ben[0])
 	if cb2.Auth.InstallEpoch != 1 {
 		t.Fatalf("new install epoch %d", cb2.Auth.InstallEpoch)
 	}
 	if r, err := cb2.Ack(ctx(t), "g", 2); err != nil || r.Delivered != 2 {
 		t.Fatalf("new install ack: %+v %v", r, err)
+	}
+	// The acks above were of seqs this connection was never given, checked
+	// in full in PostgreSQL; an ack of a pushed seq skips the membership and
+	// head checks, and one above it is checked in full again.
+	if _, err := ca.Send(ctx(t), "g", "pushed", []byte("m")); err != nil {
+		t.Fatal(err)
+	}
+	waitPush(t, pushes, "g", 12)
+	if r, err := cb2.Ack(ctx(t), "g", 12); err != nil || r.Delivered != 12 {
+		t.Fatalf("ack of the pushed seq: %+v %v", r, err)
+	}
+	if _, err := cb2.Ack(ctx(t), "g", 13); wire.CodeOf(err) != wire.CursorAhead {
+		t.Fatalf("ack above the pushed head: %v", err)
+	}
+	if _, err := cb2.Ack(ctx(t), "other", 0); wire.CodeOf(err) != wire.NotMember {
+		t.Fatalf("ack of 0 in a conversation never joined: %v", err)
 	}
 }
 

@@ -3,8 +3,6 @@ package store
 import (
 	"context"
 	"errors"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // CursorUpdate is one ack: device (of user, on install epoch) holds every
@@ -15,6 +13,10 @@ type CursorUpdate struct {
 	Conv   string
 	Epoch  int64
 	Seq    int64
+	// Known: the caller knows Seq is committed and the user is or was a
+	// member of Conv (the connection was pushed or given that seq), so
+	// only the epoch is checked.
+	Known bool
 }
 
 // CursorResult is the merged cursor, or why the ack was refused.
@@ -29,29 +31,45 @@ var (
 	ErrCursorAhead  = errors.New("store: seq above head")
 )
 
-// mergeCursorsSQL merges a batch of acks, at most one per (device, conv),
-// in one statement: an ack counts only if its epoch is the device's
-// current install_epoch (the device row is locked FOR SHARE, so a
-// concurrent reinstall is ordered before or after the batch), the user was
-// a member of the conversation at some time, and seq <= head. Rows are
-// written in (device, conv) order so concurrent batches cannot deadlock.
-const mergeCursorsSQL = `
-WITH input AS (
-    SELECT * FROM unnest($1::text[], $2::text[], $3::int[], $4::bigint[], $5::text[]) AS i(device, conv, epoch, seq, usr)
-), ok AS (
-    SELECT i.device, i.conv, i.epoch, i.seq
-      FROM (SELECT * FROM input ORDER BY device, conv) i
-      -- Per row, by index (see insertMessagesSQL); locked in input order.
-      CROSS JOIN LATERAL (SELECT 1 FROM devices d WHERE d.device_id = i.device AND d.install_epoch = i.epoch FOR SHARE) d
-     WHERE coalesce((SELECT true FROM membership_periods m WHERE m.conv_id = i.conv AND m.user_id = i.usr LIMIT 1), false)
-       AND i.seq <= (SELECT coalesce(max(e.seq), 0) FROM events e WHERE e.conv_id = i.conv)
-)
-INSERT INTO device_cursors (device_id, conv_id, install_epoch, delivered_seq)
+// Acks are merged in one statement per batch, written in (device, conv)
+// order so that concurrent batches cannot deadlock. An ack counts only if
+// its epoch is the device's current install_epoch, read without a lock: a
+// reinstall that commits while the statement runs may leave a row of the
+// old epoch behind, which changes nothing, since every reader of
+// device_cursors takes only the current epoch's rows and the new epoch's
+// first ack replaces the row (mergeCursorsUpsert); the old install's ack
+// is then ordered before the reinstall. A row is never lowered, nor taken
+// over by an older epoch.
+const mergeCursorsUpsert = `
+INSERT INTO device_cursors AS dc (device_id, conv_id, install_epoch, delivered_seq)
 SELECT device, conv, epoch, seq FROM ok ORDER BY device, conv
 ON CONFLICT (device_id, conv_id) DO UPDATE
-  SET delivered_seq = GREATEST(device_cursors.delivered_seq, EXCLUDED.delivered_seq),
+  SET delivered_seq = CASE WHEN dc.install_epoch < EXCLUDED.install_epoch THEN EXCLUDED.delivered_seq
+                           ELSE GREATEST(dc.delivered_seq, EXCLUDED.delivered_seq) END,
       install_epoch = EXCLUDED.install_epoch
+  WHERE dc.install_epoch <= EXCLUDED.install_epoch
 RETURNING device_id, conv_id, install_epoch::bigint, delivered_seq`
+
+// mergeKnownCursorsSQL merges acks whose seqs the gateway knows are
+// committed and visible to the user (CursorUpdate.Known): only the epoch
+// is checked.
+const mergeKnownCursorsSQL = `
+WITH ok AS (
+    SELECT i.device, i.conv, i.epoch, i.seq
+      FROM unnest($1::text[], $2::text[], $3::int[], $4::bigint[]) AS i(device, conv, epoch, seq)
+      JOIN devices d ON d.device_id = i.device AND d.install_epoch = i.epoch
+)` + mergeCursorsUpsert
+
+// mergeCursorsSQL merges other acks: the user must also have been a member
+// of the conversation at some time, and seq <= head.
+const mergeCursorsSQL = `
+WITH ok AS (
+    SELECT i.device, i.conv, i.epoch, i.seq
+      FROM unnest($1::text[], $2::text[], $3::int[], $4::bigint[], $5::text[]) AS i(device, conv, epoch, seq, usr)
+      JOIN devices d ON d.device_id = i.device AND d.install_epoch = i.epoch
+     WHERE coalesce((SELECT true FROM membership_periods m WHERE m.conv_id = i.conv AND m.user_id = i.usr LIMIT 1), false)
+       AND i.seq <= (SELECT coalesce(max(e.seq), 0) FROM events e WHERE e.conv_id = i.conv)
+)` + mergeCursorsUpsert
 
 const diagnoseCursorSQL = `
 SELECT coalesce((SELECT install_epoch = $3 FROM devices WHERE device_id = $1), false),
@@ -74,44 +92,48 @@ func (s *Store) MergeCursors(ctx context.Context, ups []CursorUpdate) ([]CursorR
 	for _, u := range ups {
 		k := key{u.Device, u.Conv, u.Epoch}
 		if i, ok := merged[k]; ok {
-			uniq[i].Seq = max(uniq[i].Seq, u.Seq)
+			switch m := &uniq[i]; {
+			case u.Seq > m.Seq:
+				m.Seq, m.Known = u.Seq, u.Known
+			case u.Seq == m.Seq:
+				m.Known = m.Known || u.Known
+			}
 			continue
 		}
 		merged[k] = len(uniq)
 		uniq = append(uniq, u)
 	}
-	n := len(uniq)
-	devices, convs, users := make([]string, n), make([]string, n), make([]string, n)
-	epochs, seqs := make([]int32, n), make([]int64, n)
-	for i, u := range uniq {
-		devices[i], convs[i], epochs[i], seqs[i], users[i] = u.Device, u.Conv, int32(u.Epoch), u.Seq, u.User
-	}
-	var got map[key]int64
-	var err error
-	for attempt := 0; attempt < 3; attempt++ {
-		got = map[key]int64{}
-		var rows pgx.Rows
-		rows, err = s.pool.Query(ctx, mergeCursorsSQL, devices, convs, epochs, seqs, users)
-		if err == nil {
-			for rows.Next() {
-				var k key
-				var v int64
-				if err = rows.Scan(&k.device, &k.conv, &k.epoch, &v); err != nil {
-					break
-				}
-				got[k] = v
-			}
-			rows.Close()
-			if err == nil {
-				err = rows.Err()
+	got := map[key]int64{}
+	for _, known := range []bool{true, false} {
+		var devices, convs, users []string
+		var epochs []int32
+		var seqs []int64
+		for _, u := range uniq {
+			if u.Known == known {
+				devices, convs, users = append(devices, u.Device), append(convs, u.Conv), append(users, u.User)
+				epochs, seqs = append(epochs, int32(u.Epoch)), append(seqs, u.Seq)
 			}
 		}
-		if !isDeadlock(err) {
-			break
+		if len(devices) == 0 {
+			continue
 		}
-	}
-	if err != nil {
-		return nil, err
+		args := []any{devices, convs, epochs, seqs, users}
+		sql := mergeCursorsSQL
+		if known {
+			args, sql = args[:4], mergeKnownCursorsSQL
+		}
+		var err error
+		for attempt := 0; attempt < 3; attempt++ {
+			err = s.queryCursors(ctx, sql, args, func(device, conv string, epoch, delivered int64) {
+				got[key{device, conv, epoch}] = delivered
+			})
+			if !isDeadlock(err) {
+				break
+			}
+		}
+		if err != nil {
+			return nil, err
+		}
 	}
 	res := make([]CursorResult, len(ups))
 	for i, u := range ups {
@@ -134,4 +156,22 @@ func (s *Store) MergeCursors(ctx context.Context, ups []CursorUpdate) ([]CursorR
 		}
 	}
 	return res, nil
+}
+
+// queryCursors runs a merge statement and calls row for each row it returns.
+func (s *Store) queryCursors(ctx context.Context, sql string, args []any, row func(device, conv string, epoch, delivered int64)) error {
+	rows, err := s.pool.Query(ctx, sql, args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var device, conv string
+		var epoch, delivered int64
+		if err := rows.Scan(&device, &conv, &epoch, &delivered); err != nil {
+			return err
+		}
+		row(device, conv, epoch, delivered)
+	}
+	return rows.Err()
 }
