@@ -69,13 +69,17 @@ const (
 
 // Config is one run. Zero values take the defaults noted.
 type Config struct {
-	Scenario    string         // "direct"
-	Addr        string         // gateway host:port
-	AdminURL    string         // http://host:port of the admin API
-	AdminToken  string         // bearer token of the admin API
-	Rate        float64        // target sends per second, aggregate (required)
-	Duration    time.Duration  // length of the send window (default 10s, at most MaxDuration)
-	Drain       time.Duration  // wait after the window for replies and pushes (default 3s)
+	Scenario   string        // "direct"
+	Addr       string        // gateway host:port
+	AdminURL   string        // http://host:port of the admin API
+	AdminToken string        // bearer token of the admin API
+	Rate       float64       // target sends per second, aggregate (required)
+	Duration   time.Duration // length of the send window (default 10s, at most MaxDuration)
+	Drain      time.Duration // wait after the window for replies and pushes (default 3s)
+	// Warmup (direct, group, large): send at Rate this long before the
+	// window, then wait for its replies and pushes; latencies, rates and
+	// CPU count only the window, lost and duplicated count both.
+	Warmup      time.Duration
 	Sources     int            // dial from 127.0.0.1 … 127.0.0.N (default 1)
 	AllowRemote bool           // allow a non-loopback Addr / AdminURL
 	ServerPID   int            // if > 0, report the server's CPU per send
@@ -247,6 +251,12 @@ func (c *Config) Validate() error {
 	if c.Duration < 0 || c.Duration > MaxDuration {
 		bad("duration must be at most %s", MaxDuration)
 	}
+	if c.Warmup < 0 || c.Warmup > time.Minute {
+		bad("warmup must be at most 1m")
+	}
+	if c.Warmup > 0 && !slices.Contains([]string{"direct", "group", "large"}, c.Scenario) {
+		bad("warmup applies to direct, group and large")
+	}
 	if c.Drain < 0 || c.Drain > time.Minute {
 		bad("drain must be at most 1m")
 	}
@@ -398,6 +408,7 @@ type runner struct {
 	lastPush   atomic.Int64 // unix nanos of the newest counted push
 	acks       atomic.Int64 // acks written
 	acking     atomic.Bool  // devices ack (Config.AckDelay > 0) and the load is running
+	warm       warmCounts   // counts at the end of the warm-up, left out of the report
 	syncs      atomic.Int64 // sync pages read after hints
 	pushesSeen atomic.Int64 // for Config.dropEvery
 	syncQ      chan *Conn   // connections with hints to sync; set by connectAll

@@ -20,8 +20,16 @@ func TestDirect(t *testing.T) {
 	env := parleytest.Start(t, cfg)
 
 	for _, mode := range []ClientMode{ClientPipe, ClientDo} {
-		t.Run(string(mode), func(t *testing.T) { runDirectTest(t, env, mode, 0) })
+		t.Run(string(mode), func(t *testing.T) { runDirectTest(t, env, mode, 0, 0) })
 	}
+	// With a warm-up the report is of the window alone: its 1,000 sends,
+	// and latencies of those only.
+	t.Run("warmup", func(t *testing.T) {
+		rep := runDirectTest(t, env, ClientPipe, 0, time.Second)
+		if rep.Sent != 1000 {
+			t.Errorf("sent %d in the window, want 1000", rep.Sent)
+		}
+	})
 }
 
 // TestDirectHints loses every 10th push on the client side: the device's
@@ -33,13 +41,13 @@ func TestDirectHints(t *testing.T) {
 	cfg.SendRate = 0
 	cfg.RedeliveryDelay = 200 * time.Millisecond
 	env := parleytest.Start(t, cfg)
-	rep := runDirectTest(t, env, ClientPipe, 10)
+	rep := runDirectTest(t, env, ClientPipe, 10, 0)
 	if rep.Hints == 0 || rep.Syncs == 0 || rep.Synced == 0 {
 		t.Errorf("hints %d, sync pages %d, deliveries by sync %d", rep.Hints, rep.Syncs, rep.Synced)
 	}
 }
 
-func runDirectTest(t *testing.T, env *parleytest.Env, mode ClientMode, dropEvery int64) *Report {
+func runDirectTest(t *testing.T, env *parleytest.Env, mode ClientMode, dropEvery int64, warmup time.Duration) *Report {
 	var out bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -50,6 +58,7 @@ func runDirectTest(t *testing.T, env *parleytest.Env, mode ClientMode, dropEvery
 		AdminToken: parleytest.AdminToken,
 		Rate:       500,
 		Duration:   2 * time.Second,
+		Warmup:     warmup,
 		Pairs:      20,
 		Out:        &out,
 		Live:       LiveLines,
@@ -165,6 +174,8 @@ func TestValidate(t *testing.T) {
 		"no rate":          func(c *Config) { c.Rate = 0 },
 		"tiny body":        func(c *Config) { c.BodySize = 4 },
 		"unknown scenario": func(c *Config) { c.Scenario = "nope" },
+		"long warmup":      func(c *Config) { c.Warmup = 2 * time.Minute },
+		"idle warmup":      func(c *Config) { c.Scenario, c.Warmup = "idle", time.Second },
 	} {
 		c := base
 		mod(&c)

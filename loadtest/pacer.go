@@ -11,17 +11,20 @@ import (
 // fire(k, intended) must issue the k-th send, meant to start at intended
 // (unix nanos), without waiting for anything.
 func (r *runner) load(ctx context.Context, fire func(k, intended int64)) {
-	cpu0 := r.sampleCPU()
-	self0 := selfCPU()
-	mach0, machErr := machineCPU()
 	if r.series == nil {
 		r.series = []series{{"send_ok", r.sendOK}, {"push", r.push}}
 	}
 	_, stopSampler := r.startSampler(time.Second)
+	r.acking.Store(r.cfg.AckDelay > 0)
+	if r.cfg.Warmup > 0 {
+		r.warmup(ctx, fire)
+	}
+	cpu0 := r.sampleCPU()
+	self0 := selfCPU()
+	mach0, machErr := machineCPU()
 
 	keepDone := make(chan struct{})
 	r.goroutine(func() { r.keepalive(keepDone) })
-	r.acking.Store(r.cfg.AckDelay > 0)
 	syncCtx, stopSync := context.WithCancel(r.ctx)
 	for range syncers {
 		r.goroutine(func() { r.syncer(syncCtx) })
@@ -30,7 +33,7 @@ func (r *runner) load(ctx context.Context, fire func(k, intended int64)) {
 		r.goroutine(func() { r.mix.run(r) })
 	}
 
-	start, end := r.pace(ctx, fire)
+	start, end := r.pace(ctx, fire, r.warm.sends, r.cfg.Duration)
 	drainEnd := r.drain(ctx)
 	if r.mix != nil {
 		r.report.Mixed.ReadsUnsent = r.mix.stop()
@@ -51,32 +54,54 @@ func (r *runner) load(ctx context.Context, fire func(k, intended int64)) {
 	r.finish(start, end, drainEnd, cpu, self1-self0)
 }
 
-// pace calls fire for k = 0, 1, … n-1 (n = rate × duration) at the
-// intended times start + k/rate, from this goroutine: open loop, the
+// pace calls fire for k = k0, k0+1, … k0+n-1 (n = rate × d) at the
+// intended times start + (k-k0)/rate, from this goroutine: open loop, the
 // schedule never waits for a reply. When the pacer wakes up late it fires
 // everything already due at once, each send keeping its own intended
 // time, so the delay counts in every latency. It returns the window.
-func (r *runner) pace(ctx context.Context, fire func(k, intended int64)) (start, end int64) {
+func (r *runner) pace(ctx context.Context, fire func(k, intended int64), k0 int64, d time.Duration) (start, end int64) {
 	rate := r.cfg.Rate
-	n := int64(rate * r.cfg.Duration.Seconds())
-	at := func(k int64) int64 { return start + int64(float64(k)*1e9/rate) }
+	n := int64(rate * d.Seconds())
+	at := func(i int64) int64 { return start + int64(float64(i)*1e9/rate) }
 	start = r.clk.now()
-	for k := int64(0); k < n && ctx.Err() == nil; {
+	for i := int64(0); i < n && ctx.Err() == nil; {
 		now := r.clk.now()
 		due := min(n, int64(float64(now-start)*rate/1e9)+1)
-		for ; k < due; k++ {
-			intended := at(k)
+		for ; i < due; i++ {
+			intended := at(i)
 			r.lag.Record(0, r.clk.now()-intended)
-			fire(k, intended)
+			fire(k0+i, intended)
 		}
-		if k < n {
-			if d := at(k) - r.clk.now(); d > 0 {
+		if i < n {
+			if d := at(i) - r.clk.now(); d > 0 {
 				time.Sleep(time.Duration(d))
 			}
 		}
 	}
-	end = max(r.clk.now(), start+int64(r.cfg.Duration))
+	end = max(r.clk.now(), start+int64(d))
 	return start, end
+}
+
+// warmCounts are the run's counts when the warm-up ended.
+type warmCounts struct {
+	sends, sent, confirmed, delivered, synced, syncs, acks, hints int64
+}
+
+// warmup sends for Config.Warmup as the window will (so the server's
+// pools, caches and plans are warm when the window starts), waits for the
+// replies and pushes owed, then forgets the latencies it recorded and
+// remembers the counts so the report leaves them out.
+func (r *runner) warmup(ctx context.Context, fire func(k, intended int64)) {
+	r.note("the first %s were a warm-up: latencies, rates and CPU are of the window after it; lost and duplicated count both", r.cfg.Warmup)
+	r.pace(ctx, fire, 0, r.cfg.Warmup)
+	r.drain(ctx)
+	for _, s := range r.series {
+		s.h.Reset()
+	}
+	r.lag.Reset()
+	t := r.tracker
+	r.warm = warmCounts{sends: int64(r.cfg.Rate * r.cfg.Warmup.Seconds()), sent: r.sent.Load(), confirmed: t.confirmed.Load(),
+		delivered: t.delivered.Load(), synced: t.synced.Load(), syncs: r.syncs.Load(), acks: r.acks.Load(), hints: r.hints.Load()}
 }
 
 // drain waits up to cfg.Drain for every reply and every owed push (and,

@@ -285,17 +285,18 @@ func (r *runner) finish(start, end, drainEnd int64, cpu map[string]time.Duration
 	r.errs.Add("READ_CONN_CLOSED", readsClosed)
 
 	t := r.tracker
-	rep.Sent = r.sent.Load()
-	rep.Confirmed = t.confirmed.Load()
-	rep.Delivered = t.delivered.Load()
-	rep.Synced = t.synced.Load()
-	rep.Syncs = r.syncs.Load()
+	w := r.warm
+	rep.Sent = r.sent.Load() - w.sent
+	rep.Confirmed = t.confirmed.Load() - w.confirmed
+	rep.Delivered = t.delivered.Load() - w.delivered
+	rep.Synced = t.synced.Load() - w.synced
+	rep.Syncs = r.syncs.Load() - w.syncs
 	rep.Expected = t.expected.Load()
 	rep.Duplicated = t.duplicated.Load()
 	rep.UnexpectedPushes = t.unexpected.Load()
 	rep.DupReplies = t.dupReplies.Load()
 	rep.BadReplies = r.badReplies.Load()
-	rep.Acks, rep.Hints, rep.Kicks = r.acks.Load(), r.hints.Load(), r.kicks.Load()
+	rep.Acks, rep.Hints, rep.Kicks = r.acks.Load()-w.acks, r.hints.Load()-w.hints, r.kicks.Load()
 	rep.LostSample, rep.Lost, rep.DeliveredUnconfirmed = t.Check(20)
 	rep.Errors = r.errs.Snapshot()
 	// Rates: over the send window, or up to the last reply or push if

@@ -52,6 +52,17 @@ func (h *Hist) Record(shard int, d int64) {
 	s.mu.Unlock()
 }
 
+// Reset forgets everything recorded.
+func (h *Hist) Reset() {
+	for i := range h.shards {
+		s := &h.shards[i]
+		s.mu.Lock()
+		s.total.Reset()
+		s.interval.Reset()
+		s.mu.Unlock()
+	}
+}
+
 // Interval merges and resets the interval histograms: what was recorded
 // since the previous call.
 func (h *Hist) Interval() *hdrhistogram.Histogram {

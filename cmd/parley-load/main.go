@@ -48,6 +48,7 @@ func run(args []string) int {
 	fs.StringVar(&cfg.AdminToken, "token", "", "admin `token` (default: $PARLEY_ADMIN_TOKEN)")
 	fs.Float64Var(&cfg.Rate, "rate", 0, "target sends per second, `N`, aggregate over all senders (required by direct, group, large, mixed)")
 	fs.DurationVar(&cfg.Duration, "duration", 10*time.Second, "send window; idle: how long to hold the connections (at most 10m)")
+	fs.DurationVar(&cfg.Warmup, "warmup", 0, "direct, group, large: send at -rate this long first and leave it out of latencies, rates and CPU (lost and duplicated still count it)")
 	fs.DurationVar(&cfg.Drain, "drain", 3*time.Second, "after the window, wait this long at most for replies and pushes")
 	jsonFile := fs.String("json", "", "write the report as JSON to `FILE`")
 	htmlFile := fs.String("html", "", "write the report as a self-contained HTML page with charts to `FILE`")
