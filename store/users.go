@@ -85,9 +85,8 @@ func (s *Store) DevicesByID(ctx context.Context, ids []string) ([]Device, error)
 
 // Reinstall starts a new install of the device: install_epoch + 1 and its
 // delivery cursors deleted, in one transaction. Read positions (per user)
-// are untouched. An ack of the old install still in flight may write a
-// cursor row of the old epoch after this; readers ignore it and the new
-// install's first ack replaces it (see mergeCursorsUpsert).
+// are untouched. Acks still in flight from the old install lock the device
+// row FOR SHARE, so they either finish before this or see the new epoch.
 func (s *Store) Reinstall(ctx context.Context, id string) (int64, error) {
 	var epoch int64
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
