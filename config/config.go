@@ -108,7 +108,7 @@ type Config struct {
 	// commits together.
 	CommitBatch int `yaml:"commit_batch" default:"256"`
 	// CommitWorkers is how many group-commit transactions may be in flight
-	// (acks and reads get half as many each). Fewer workers make bigger
+	// (reads get half as many; acks have AckWorkers). Fewer workers make bigger
 	// batches, hence less CPU and lower latency at moderate load, but a
 	// lower peak: on the 2-core reference machine, 2 workers with a 2ms
 	// linger cut machine CPU at 10,000 sends/s by 15% and send_ok p99 by
@@ -118,12 +118,19 @@ type Config struct {
 	// after the push gets a hint for that conversation (repeated with
 	// exponential backoff); 0 disables the redelivery scan.
 	RedeliveryDelay time.Duration `yaml:"redelivery_delay" default:"10s"`
-	// CommitLinger: under load, a batch of sends (or acks) that is not
+	// CommitLinger: under load, a batch of sends that is not
 	// full waits up to this long for more before it is committed: fewer,
 	// bigger commits. A lone item after an idle spell is committed at
 	// once. Reads never linger (they are few, and a user is waiting for
 	// them).
 	CommitLinger time.Duration `yaml:"commit_linger" default:"2ms"`
+	// AckWorkers is how many transactions of acks may be in flight. Acks
+	// are many (a device acks every AutoAck delay while it receives) and
+	// nobody waits on them, so they are committed in few, big batches.
+	AckWorkers int `yaml:"ack_workers" default:"1"`
+	// AckLinger: under load, a batch of acks that is not full waits up to
+	// this long for more (see CommitLinger).
+	AckLinger time.Duration `yaml:"ack_linger" default:"10ms"`
 	// SendRate is the per-device sustained send rate (messages/s); 0
 	// disables the limit.
 	SendRate int `yaml:"send_rate" default:"100"`
@@ -212,8 +219,11 @@ func (c Config) Validate() error {
 	if c.GatewayLease < time.Second {
 		errs = append(errs, errors.New("gateway_lease must be at least 1s"))
 	}
-	if c.CommitBatch < 1 || c.CommitWorkers < 1 {
-		errs = append(errs, errors.New("commit_batch and commit_workers must be positive"))
+	if c.CommitBatch < 1 || c.CommitWorkers < 1 || c.AckWorkers < 1 {
+		errs = append(errs, errors.New("commit_batch, commit_workers and ack_workers must be positive"))
+	}
+	if c.CommitLinger < 0 || c.AckLinger < 0 {
+		errs = append(errs, errors.New("commit_linger and ack_linger must not be negative"))
 	}
 	if c.AuthRate < 0 || c.AuthBurst < 0 || (c.AuthRate > 0 && c.AuthBurst < 1) {
 		errs = append(errs, errors.New("auth_rate must be at least 0, and auth_burst at least 1 when auth_rate is set"))

@@ -184,10 +184,12 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Server, e
 	}
 	s.bus = fanout.NewBus(s.rdb, cfg.RedisPrefix, s.cfg.GatewayID)
 	seqs := seq.New(s.rdb, cfg.RedisPrefix, s.st.Head)
-	// Acks are many and small: fewer workers make bigger batches, so they
-	// cost fewer commits (WAL flushes) and leave more to sends.
-	s.cursors = cursor.New(s.st, s.rdb, cfg.RedisPrefix, log, max(1, cfg.CommitWorkers/2), cfg.CommitBatch, cfg.CommitLinger,
-		sm.commitMetrics("ack"), sm.commitMetrics("read"))
+	// Acks are many and small: few workers and a long linger make big
+	// batches, so they cost few commits (WAL flushes) and leave the CPU to
+	// sends.
+	s.cursors = cursor.New(s.st, s.rdb, cfg.RedisPrefix, log, cursor.Config{
+		AckWorkers: cfg.AckWorkers, AckLinger: cfg.AckLinger, ReadWorkers: max(1, cfg.CommitWorkers/2), MaxBatch: cfg.CommitBatch,
+		Acks: sm.commitMetrics("ack"), Reads: sm.commitMetrics("read")})
 	// The gateway and fan-out refer to each other (fan-out delivers to the
 	// gateway; the gateway's requests feed the log that feeds fan-out).
 	var fan *fanout.Fanout
