@@ -2,14 +2,16 @@
 # The standard benchmark suite behind `make bench`: reference ceilings
 # (Redis INCR, PostgreSQL inserts), the codec, and durable 1:1 sends with
 # parley-load at a few rates, RUNS times each; then BENCHMARKS.md.
-# Bounded: about (rates × RUNS × 16 s) + 1 minute. Loopback only.
+# Bounded: about (rates × RUNS × (16 s + WARMUP)) + 1 minute. Loopback only.
 #
 # Environment: RATES (default "5000 10000 20000"), RUNS (default 3),
-# OUT (default BENCHMARKS.md).
+# WARMUP (default 3s: each run first sends at its rate this long, left out
+# of its figures), OUT (default BENCHMARKS.md).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 RATES=${RATES:-"5000 10000 20000"}
 RUNS=${RUNS:-3}
+WARMUP=${WARMUP:-3s}
 OUT=${OUT:-BENCHMARKS.md}
 res=$(mktemp -d /tmp/parley-bench.XXXXXX)
 bin=$res/bin
@@ -60,7 +62,7 @@ pgpid=$(head -1 /var/run/postgresql/*-main.pid 2>/dev/null || true)
 rdpid=$(pgrep -o redis-server || true)
 cpu="redis=$rdpid"
 [ -n "$pgpid" ] && cpu="postgres=$pgpid,$cpu"
-cmd="taskset -c 1 parley-load direct -addr 127.0.0.1:$port -admin http://127.0.0.1:$admin -token bench -rate RATE -duration 10s -pairs 200 -server-pid PARLEYD_PID -cpu $cpu -json FILE"
+cmd="taskset -c 1 parley-load direct -addr 127.0.0.1:$port -admin http://127.0.0.1:$admin -token bench -rate RATE -duration 10s -warmup $WARMUP -pairs 200 -server-pid PARLEYD_PID -cpu $cpu -json FILE"
 {
   echo "PARLEY_POSTGRES_URL=<a fresh database> PARLEY_SEND_RATE=0 taskset -c 0 parleyd   # per-device rate limit off; default config otherwise"
   echo "$cmd"
@@ -69,7 +71,7 @@ for rate in $RATES; do
   for run in $(seq "$RUNS"); do
     echo "-- rate $rate run $run"
     taskset -c 1 "$bin/parley-load" direct -addr 127.0.0.1:$port -admin http://127.0.0.1:$admin -token bench \
-      -rate "$rate" -duration 10s -pairs 200 -server-pid $pid -cpu "$cpu" -live lines \
+      -rate "$rate" -duration 10s -warmup "$WARMUP" -pairs 200 -server-pid $pid -cpu "$cpu" -live lines \
       -json "$res/direct_${rate}_${run}.json" > "$res/direct_${rate}_${run}.txt" 2>&1 || true
     tail -3 "$res/direct_${rate}_${run}.txt" | head -1
   done

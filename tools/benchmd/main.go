@@ -103,7 +103,8 @@ func main() {
 
 	fmt.Println("## Durable 1:1 sends (`parley-load direct`)")
 	fmt.Println()
-	fmt.Println("200 pairs (400 connections), 100-byte bodies, every device acks every 50 ms, 10 s per run.")
+	fmt.Println("200 pairs (400 connections), 100-byte bodies, every device acks 50 ms after the first event it has not acked (as `client` AutoAck does), 10 s per run,")
+	fmt.Println("each after a warm-up at the same rate (`-warmup`, left out of the figures; all runs on one server, in the order of the table).")
 	fmt.Println("`send_ok` is send → send_ok (committed in PostgreSQL); `push` is send → push at the receiver.")
 	fmt.Println("CPU is per confirmed send.")
 	fmt.Println()
