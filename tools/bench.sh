@@ -53,7 +53,16 @@ PARLEY_POSTGRES_URL=$dburl PARLEY_REDIS_PREFIX=$prefix PARLEY_ADMIN_TOKEN=bench 
   PARLEY_LISTEN=127.0.0.1:$port PARLEY_ADMIN_LISTEN=127.0.0.1:$admin \
   taskset -c 0 "$bin/parleyd" > "$res/parleyd.log" 2>&1 &
 pid=$!
-trap 'kill $pid 2>/dev/null || true; sleep 1; psql -q "$base" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" || true' EXIT
+# An autovacuum worker still in the database makes the drop fail (only a
+# superuser may end it): try for a while.
+drop_db() {
+  for _ in $(seq 20); do
+    psql -q "$base" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" 2>/dev/null && return 0
+    sleep 1
+  done
+  echo "could not drop database $db" >&2
+}
+trap 'kill $pid 2>/dev/null || true; sleep 1; drop_db' EXIT
 for _ in $(seq 100); do
   grep -q "parleyd ready" "$res/parleyd.log" && break
   sleep 0.1
@@ -78,7 +87,7 @@ for rate in $RATES; do
 done
 kill $pid
 wait $pid 2>/dev/null || true
-psql -q "$base" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" || true
+drop_db
 trap - EXIT
 
 cp tools/bench-extra.md "$res/extra.md"
