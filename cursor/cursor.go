@@ -71,13 +71,12 @@ type Config struct {
 // New starts the group-commit workers.
 func New(st *store.Store, rdb redis.UniversalClient, prefix string, log *slog.Logger, cfg Config) *Cursors {
 	c := &Cursors{st: st, rdb: rdb, prefix: prefix, log: log, ackMetrics: cfg.Acks, readMetrics: cfg.Reads}
-	maxBatch := cfg.MaxBatch
-	c.acks = batch.NewSharded(cfg.AckWorkers, maxBatch, maxBatch*cfg.AckWorkers*4, cfg.AckLinger, c.commit, cfg.Acks.Sizes, cfg.Acks.Queue)
+	c.acks = batch.NewSharded(cfg.AckWorkers, cfg.MaxBatch, cfg.MaxBatch*cfg.AckWorkers*4, cfg.AckLinger, c.commit, cfg.Acks.Sizes, cfg.Acks.Queue)
 	// Reads do not linger: a read is what makes the badge vanish on the
 	// user's other devices, and reads are far fewer than acks, so the
 	// bigger batches a linger would buy are not worth its latency (at
 	// 5,000 reads/s it halved p50 and cut p99 by a third).
-	c.reads = batch.NewSharded(cfg.ReadWorkers, maxBatch, maxBatch*cfg.ReadWorkers*4, 0, c.commitReads, cfg.Reads.Sizes, cfg.Reads.Queue)
+	c.reads = batch.NewSharded(cfg.ReadWorkers, cfg.MaxBatch, cfg.MaxBatch*cfg.ReadWorkers*4, 0, c.commitReads, cfg.Reads.Sizes, cfg.Reads.Queue)
 	return c
 }
 

@@ -16,13 +16,6 @@ func (r *runner) load(ctx context.Context, fire func(k, intended int64)) {
 	}
 	_, stopSampler := r.startSampler(time.Second)
 	r.acking.Store(r.cfg.AckDelay > 0)
-	if r.cfg.Warmup > 0 {
-		r.warmup(ctx, fire)
-	}
-	cpu0 := r.sampleCPU()
-	self0 := selfCPU()
-	mach0, machErr := machineCPU()
-
 	keepDone := make(chan struct{})
 	r.goroutine(func() { r.keepalive(keepDone) })
 	syncCtx, stopSync := context.WithCancel(r.ctx)
@@ -32,6 +25,12 @@ func (r *runner) load(ctx context.Context, fire func(k, intended int64)) {
 	if r.mix != nil {
 		r.goroutine(func() { r.mix.run(r) })
 	}
+	if r.cfg.Warmup > 0 {
+		r.warmup(ctx, fire)
+	}
+	cpu0 := r.sampleCPU()
+	self0 := selfCPU()
+	mach0, machErr := machineCPU()
 
 	start, end := r.pace(ctx, fire, r.warm.sends, r.cfg.Duration)
 	drainEnd := r.drain(ctx)
@@ -61,7 +60,7 @@ func (r *runner) load(ctx context.Context, fire func(k, intended int64)) {
 // time, so the delay counts in every latency. It returns the window.
 func (r *runner) pace(ctx context.Context, fire func(k, intended int64), k0 int64, d time.Duration) (start, end int64) {
 	rate := r.cfg.Rate
-	n := int64(rate * d.Seconds())
+	n := r.sendsIn(d)
 	at := func(i int64) int64 { return start + int64(float64(i)*1e9/rate) }
 	start = r.clk.now()
 	for i := int64(0); i < n && ctx.Err() == nil; {
@@ -82,6 +81,9 @@ func (r *runner) pace(ctx context.Context, fire func(k, intended int64), k0 int6
 	return start, end
 }
 
+// sendsIn is how many sends pace fires in d.
+func (r *runner) sendsIn(d time.Duration) int64 { return int64(r.cfg.Rate * d.Seconds()) }
+
 // warmCounts are the run's counts when the warm-up ended.
 type warmCounts struct {
 	sends, sent, confirmed, delivered, synced, syncs, acks, hints int64
@@ -100,7 +102,7 @@ func (r *runner) warmup(ctx context.Context, fire func(k, intended int64)) {
 	}
 	r.lag.Reset()
 	t := r.tracker
-	r.warm = warmCounts{sends: int64(r.cfg.Rate * r.cfg.Warmup.Seconds()), sent: r.sent.Load(), confirmed: t.confirmed.Load(),
+	r.warm = warmCounts{sends: r.sendsIn(r.cfg.Warmup), sent: r.sent.Load(), confirmed: t.confirmed.Load(),
 		delivered: t.delivered.Load(), synced: t.synced.Load(), syncs: r.syncs.Load(), acks: r.acks.Load(), hints: r.hints.Load()}
 }
 

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"maps"
 )
 
 // CursorUpdate is one ack: device (of user, on install epoch) holds every
@@ -46,28 +47,29 @@ ON CONFLICT (device_id, conv_id) DO UPDATE
       install_epoch = EXCLUDED.install_epoch
 RETURNING device_id, conv_id, install_epoch::bigint, delivered_seq`
 
-// mergeKnownCursorsSQL merges acks whose seqs the gateway knows are
-// committed and visible to the user (CursorUpdate.Known): only the epoch
-// is checked. (The membership and head lookups of mergeCursorsSQL were
-// two thirds of its time; the lock costs no measurable time.)
-const mergeKnownCursorsSQL = `
-WITH ok AS (
-    SELECT i.device, i.conv, i.epoch, i.seq
-      FROM (SELECT * FROM unnest($1::text[], $2::text[], $3::int[], $4::bigint[]) AS u(device, conv, epoch, seq) ORDER BY device, conv) i
-      CROSS JOIN LATERAL (SELECT 1 FROM devices d WHERE d.device_id = i.device AND d.install_epoch = i.epoch FOR SHARE) d
-)` + mergeCursorsUpsert
-
-// mergeCursorsSQL merges other acks: the user must also have been a member
-// of the conversation at some time, and seq <= head.
-const mergeCursorsSQL = `
+// mergeAcksOK picks a batch's acks of the device's current install
+// ($1…$5: device, conv, epoch, seq, user), locking the device rows in
+// input order (per row, by index: see insertMessagesSQL). Known acks
+// (CursorUpdate.Known: the gateway knows the seq is committed and visible
+// to the user) need nothing more; mergeCursorsChecks adds what the others
+// need. The membership and head lookups were two thirds of the
+// statement's time; the lock costs no measurable time.
+const mergeAcksOK = `
 WITH ok AS (
     SELECT i.device, i.conv, i.epoch, i.seq
       FROM (SELECT * FROM unnest($1::text[], $2::text[], $3::int[], $4::bigint[], $5::text[]) AS u(device, conv, epoch, seq, usr) ORDER BY device, conv) i
-      -- Per row, by index (see insertMessagesSQL); locked in input order.
-      CROSS JOIN LATERAL (SELECT 1 FROM devices d WHERE d.device_id = i.device AND d.install_epoch = i.epoch FOR SHARE) d
+      CROSS JOIN LATERAL (SELECT 1 FROM devices d WHERE d.device_id = i.device AND d.install_epoch = i.epoch FOR SHARE) d`
+
+// mergeCursorsChecks: the user must have been a member of the
+// conversation at some time, and seq <= head.
+const mergeCursorsChecks = `
      WHERE coalesce((SELECT true FROM membership_periods m WHERE m.conv_id = i.conv AND m.user_id = i.usr LIMIT 1), false)
-       AND i.seq <= (SELECT coalesce(max(e.seq), 0) FROM events e WHERE e.conv_id = i.conv)
-)` + mergeCursorsUpsert
+       AND i.seq <= (SELECT coalesce(max(e.seq), 0) FROM events e WHERE e.conv_id = i.conv)`
+
+const (
+	mergeKnownCursorsSQL = mergeAcksOK + "\n)" + mergeCursorsUpsert
+	mergeCursorsSQL      = mergeAcksOK + mergeCursorsChecks + "\n)" + mergeCursorsUpsert
+)
 
 const diagnoseCursorSQL = `
 SELECT coalesce((SELECT install_epoch = $3 FROM devices WHERE device_id = $1), false),
@@ -115,15 +117,16 @@ func (s *Store) MergeCursors(ctx context.Context, ups []CursorUpdate) ([]CursorR
 		if len(devices) == 0 {
 			continue
 		}
-		args := []any{devices, convs, epochs, seqs, users}
 		sql := mergeCursorsSQL
 		if known {
-			args, sql = args[:4], mergeKnownCursorsSQL
+			sql = mergeKnownCursorsSQL
 		}
 		var err error
+		var rows map[key]int64
 		for attempt := 0; attempt < 3; attempt++ {
-			err = s.queryCursors(ctx, sql, args, func(device, conv string, epoch, delivered int64) {
-				got[key{device, conv, epoch}] = delivered
+			rows = map[key]int64{} // a failed attempt's rows were rolled back
+			err = s.queryCursors(ctx, sql, []any{devices, convs, epochs, seqs, users}, func(device, conv string, epoch, delivered int64) {
+				rows[key{device, conv, epoch}] = delivered
 			})
 			if !isDeadlock(err) {
 				break
@@ -132,6 +135,7 @@ func (s *Store) MergeCursors(ctx context.Context, ups []CursorUpdate) ([]CursorR
 		if err != nil {
 			return nil, err
 		}
+		maps.Copy(got, rows)
 	}
 	res := make([]CursorResult, len(ups))
 	for i, u := range ups {
