@@ -20,6 +20,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
@@ -51,6 +52,7 @@ func run(args []string) int {
 	fs.DurationVar(&cfg.Warmup, "warmup", 0, "direct, group, large: send at -rate this long first and leave it out of latencies, rates and CPU (lost and duplicated still count it)")
 	fs.DurationVar(&cfg.Drain, "drain", 3*time.Second, "after the window, wait this long at most for replies and pushes")
 	jsonFile := fs.String("json", "", "write the report as JSON to `FILE`")
+	cpuProfile := fs.String("cpuprofile", "", "write the tool's own CPU profile (go tool pprof) to `FILE`")
 	htmlFile := fs.String("html", "", "write the report as a self-contained HTML page with charts to `FILE`")
 	fs.IntVar(&cfg.Sources, "sources", 1, "dial from 127.0.0.1 … 127.0.0.`N` (each source address has ~28k ports)")
 	fs.BoolVar(&cfg.AllowRemote, "allow-remote", false, "allow a server that is not on loopback")
@@ -112,6 +114,20 @@ func run(args []string) int {
 			cfg.ReadDelay = -1
 		}
 	})
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "parley-load: -cpuprofile: %v\n", err)
+			return 2
+		}
+		defer func() {
+			pprof.StopCPUProfile()
+			f.Close()
+		}()
+	}
 	if cfg.AdminToken == "" {
 		cfg.AdminToken = os.Getenv("PARLEY_ADMIN_TOKEN")
 	}
