@@ -33,6 +33,7 @@ go build -o "$bin/parley-load" ./cmd/parley-load
 echo "== reference ceilings"
 redis-benchmark -t incr -n 200000 -q > "$res/redis_incr_p1.txt" 2>&1
 redis-benchmark -t incr -n 1000000 -P 16 -q > "$res/redis_incr_p16.txt" 2>&1
+redis-cli del counter:__rand_int__ > /dev/null
 go test -run '^$' -bench InsertCeiling -benchtime 2s -count 3 ./store/ > "$res/pg_insert.txt" 2>&1
 
 echo "== codec"
@@ -62,7 +63,11 @@ drop_db() {
   done
   echo "could not drop database $db" >&2
 }
-trap 'kill $pid 2>/dev/null || true; sleep 1; drop_db' EXIT
+# parleyd's keys (under its own prefix) go too.
+drop_keys() {
+  redis-cli --scan --pattern "$prefix*" | xargs -r -n 1000 redis-cli del > /dev/null || true
+}
+trap 'kill $pid 2>/dev/null || true; sleep 1; drop_db; drop_keys' EXIT
 for _ in $(seq 100); do
   grep -q "parleyd ready" "$res/parleyd.log" && break
   sleep 0.1
@@ -88,6 +93,7 @@ done
 kill $pid
 wait $pid 2>/dev/null || true
 drop_db
+drop_keys
 trap - EXIT
 
 cp tools/bench-extra.md "$res/extra.md"
