@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -201,9 +202,18 @@ func (s *PostgresServer) Kill() {
 	if cmd == nil {
 		return
 	}
+	// Each backend makes itself a process group leader (setsid), so the
+	// postmaster's group does not hold them: they are its children until
+	// it dies. One still attached to the shared memory when Start runs
+	// makes the new postmaster refuse to start.
+	kids := childrenOf(cmd.Process.Pid)
 	_ = cmd.Process.Signal(syscall.SIGKILL)
 	<-done
-	if err := reapGroup(cmd.Process.Pid, time.Second); err != nil {
+	err := reapGroup(cmd.Process.Pid, time.Second)
+	if err == nil {
+		err = reapPids(kids, time.Second)
+	}
+	if err != nil {
 		s.t.Fatalf("testenv: killing PostgreSQL on port %d: %v", s.port, err)
 	}
 }
@@ -342,34 +352,86 @@ func findPostgresBin() (string, error) {
 // group pgid (the postmaster's backends), SIGKILLing the stragglers after
 // a grace period. On Linux it reads /proc; elsewhere it does nothing.
 func reapGroup(pgid int, grace time.Duration) error {
+	return reap(func() []int { return groupMembers(pgid) }, func() { _ = syscall.Kill(-pgid, syscall.SIGKILL) },
+		fmt.Sprintf("of group %d", pgid), grace)
+}
+
+// reapPids waits until none of pids is alive (or a zombie), SIGKILLing
+// the stragglers after a grace period.
+func reapPids(pids []int, grace time.Duration) error {
+	alive := func() []int {
+		var out []int
+		for _, p := range procs() {
+			if slices.Contains(pids, p.pid) {
+				out = append(out, p.pid)
+			}
+		}
+		return out
+	}
+	kill := func() {
+		for _, pid := range alive() {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	return reap(alive, kill, "", grace)
+}
+
+// reap waits until alive returns none, calling kill once after grace
+// (default 3 s) and failing if some survive setupTimeout more.
+func reap(alive func() []int, kill func(), what string, grace time.Duration) error {
 	if grace <= 0 {
 		grace = 3 * time.Second
 	}
 	deadline := time.Now().Add(grace)
 	killed := false
 	for {
-		alive := groupMembers(pgid)
-		if len(alive) == 0 {
+		left := alive()
+		if len(left) == 0 {
 			return nil
 		}
 		if !killed && time.Now().After(deadline) {
-			_ = syscall.Kill(-pgid, syscall.SIGKILL)
+			kill()
 			killed = true
 			deadline = time.Now().Add(setupTimeout)
 		} else if killed && time.Now().After(deadline) {
-			return fmt.Errorf("processes %v of group %d survive SIGKILL", alive, pgid)
+			return fmt.Errorf("processes %v %s survive SIGKILL", left, what)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
 }
 
+// childrenOf lists the live processes whose parent is ppid.
+func childrenOf(ppid int) []int {
+	var out []int
+	for _, p := range procs() {
+		if p.ppid == ppid {
+			out = append(out, p.pid)
+		}
+	}
+	return out
+}
+
 // groupMembers lists the processes of group pgid that are not zombies.
 func groupMembers(pgid int) []int {
+	var out []int
+	for _, p := range procs() {
+		if p.pgrp == pgid {
+			out = append(out, p.pid)
+		}
+	}
+	return out
+}
+
+// proc is one live process as /proc/PID/stat shows it.
+type proc struct{ pid, ppid, pgrp int }
+
+// procs lists the processes that are not zombies (none without /proc).
+func procs() []proc {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil
 	}
-	var out []int
+	var out []proc
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
@@ -388,8 +450,10 @@ func groupMembers(pgid int) []int {
 		if len(f) < 3 || f[0] == "Z" || f[0] == "X" {
 			continue
 		}
-		if g, err := strconv.Atoi(f[2]); err == nil && g == pgid {
-			out = append(out, pid)
+		ppid, err1 := strconv.Atoi(f[1])
+		pgrp, err2 := strconv.Atoi(f[2])
+		if err1 == nil && err2 == nil {
+			out = append(out, proc{pid: pid, ppid: ppid, pgrp: pgrp})
 		}
 	}
 	return out
