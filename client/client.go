@@ -1510,24 +1510,43 @@ func (c *Client) flushAcks() {
 		}
 	}
 	c.mu.Unlock()
-	// One at a time: acks are small, and a reconnect's worth of them must
-	// not flood the connection's request queue.
-	for _, a := range todo {
-		ctx, cancel := context.WithTimeout(c.ctx, c.opt.RequestTimeout)
-		_, err := conn.Ack(ctx, a.cs.id, a.seq)
-		cancel()
-		if err == nil {
-			a.cs.acked = max(a.cs.acked, a.seq)
-			continue
+	// ackWindow at a time: the server commits acks in batches that may
+	// linger (ack_linger), so one at a time would take that long per
+	// conversation after a reconnect, and all at once could overflow the
+	// connection's request queue.
+	for len(todo) > 0 {
+		n := min(len(todo), ackWindow)
+		errs := make([]error, n)
+		var wg sync.WaitGroup
+		for i, a := range todo[:n] {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ctx, cancel := context.WithTimeout(c.ctx, c.opt.RequestTimeout)
+				defer cancel()
+				if _, errs[i] = conn.Ack(ctx, a.cs.id, a.seq); errs[i] == nil {
+					a.cs.acked = max(a.cs.acked, a.seq) // each conversation is in todo once
+				}
+			}()
 		}
-		if c.isClosing() {
-			return
+		wg.Wait()
+		for i, err := range errs {
+			if err == nil {
+				continue
+			}
+			if c.isClosing() {
+				return
+			}
+			if _, ok := wire.AsError(err); !ok {
+				return // connection trouble; retried after the reconnect
+			}
+			// STALE_INSTALL: this connection belongs to an older install of
+			// the device (it was reinstalled meanwhile): nothing we ack counts.
+			c.log.Warn("ack failed", "conv", todo[i].cs.id, "seq", todo[i].seq, "err", err)
 		}
-		if _, ok := wire.AsError(err); !ok {
-			return // connection trouble; retried after the reconnect
-		}
-		// STALE_INSTALL: this connection belongs to an older install of
-		// the device (it was reinstalled meanwhile): nothing we ack counts.
-		c.log.Warn("ack failed", "conv", a.cs.id, "seq", a.seq, "err", err)
+		todo = todo[n:]
 	}
 }
+
+// ackWindow is how many acks flushAcks keeps in flight.
+const ackWindow = 8

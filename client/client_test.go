@@ -1133,3 +1133,29 @@ func TestResyncSnapshotsOnceAndSyncsOnlyChanged(t *testing.T) {
 	quiet(t, reqs, 300*time.Millisecond)
 	c.Close()
 }
+
+// AutoAck acks every conversation whose cursor moved, several at a time
+// (more than ackWindow here): each delivery cursor ends at its head.
+func TestAutoAckAcksManyConversations(t *testing.T) {
+	leakCheckAtEnd(t)
+	env := parleytest.Start(t, parleytest.Config(t))
+	ana, ben := env.User(t, "ana", 1), env.User(t, "ben", 1)
+	const n = 20
+	for i := range n {
+		env.Group(t, fmt.Sprintf("g%d", i), "ana", "ben")
+	}
+	a := newClient(t, env.Addr, ana[0], newRecorder(), nil)
+	b := newClient(t, env.Addr, ben[0], newRecorder(), func(o *client.Options) { o.AutoAck = true })
+	for i := range n {
+		if _, err := a.Send(testCtx(t), fmt.Sprintf("g%d", i), "m", []byte("hi")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range n {
+		conv := fmt.Sprintf("g%d", i)
+		eventually(t, 10*time.Second, conv+" acked at 2", func() bool {
+			r, err := b.Ack(testCtx(t), conv, 0)
+			return err == nil && r.Delivered == 2
+		})
+	}
+}
