@@ -237,6 +237,12 @@ func deletePrefix(ctx context.Context, c *redis.Client, prefix string) error {
 	}
 }
 
+// handedOut is every port FreePort returned in this process.
+var handedOut = struct {
+	mu    sync.Mutex
+	ports map[int]bool
+}{ports: map[int]bool{}}
+
 // FreePort returns a TCP port on 127.0.0.1 that was free a moment ago,
 // from 20000–31999: below the kernel's ephemeral range, and low enough for
 // a Redis cluster node, whose bus listens on port+10000.
@@ -247,13 +253,23 @@ func FreePort(t testing.TB) int {
 	// outgoing connection (to PostgreSQL, Redis, another test's server)
 	// before the caller binds it. Ports below the ephemeral range are only
 	// ever taken by listeners like this one.
+	//
+	// A port is handed out once per process: a test that got it may not
+	// have bound it yet (a server still starting), and another test of
+	// the same binary must not get it meanwhile.
+	handedOut.mu.Lock()
+	defer handedOut.mu.Unlock()
 	for i := 0; i < 200; i++ {
 		port := 20000 + mrand.IntN(12000)
+		if handedOut.ports[port] {
+			continue
+		}
 		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
 		if err != nil {
 			continue
 		}
 		l.Close()
+		handedOut.ports[port] = true
 		return port
 	}
 	t.Fatalf("testenv: no free port found in 20000-31999")
