@@ -359,15 +359,7 @@ func reapGroup(pgid int, grace time.Duration) error {
 // reapPids waits until none of pids is alive (or a zombie), SIGKILLing
 // the stragglers after a grace period.
 func reapPids(pids []int, grace time.Duration) error {
-	alive := func() []int {
-		var out []int
-		for _, p := range procs() {
-			if slices.Contains(pids, p.pid) {
-				out = append(out, p.pid)
-			}
-		}
-		return out
-	}
+	alive := func() []int { return livePids(func(p proc) bool { return slices.Contains(pids, p.pid) }) }
 	kill := func() {
 		for _, pid := range alive() {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
@@ -401,21 +393,16 @@ func reap(alive func() []int, kill func(), what string, grace time.Duration) err
 }
 
 // childrenOf lists the live processes whose parent is ppid.
-func childrenOf(ppid int) []int {
-	var out []int
-	for _, p := range procs() {
-		if p.ppid == ppid {
-			out = append(out, p.pid)
-		}
-	}
-	return out
-}
+func childrenOf(ppid int) []int { return livePids(func(p proc) bool { return p.ppid == ppid }) }
 
 // groupMembers lists the processes of group pgid that are not zombies.
-func groupMembers(pgid int) []int {
+func groupMembers(pgid int) []int { return livePids(func(p proc) bool { return p.pgrp == pgid }) }
+
+// livePids lists the pids of the live processes that match.
+func livePids(match func(proc) bool) []int {
 	var out []int
 	for _, p := range procs() {
-		if p.pgrp == pgid {
+		if match(p) {
 			out = append(out, p.pid)
 		}
 	}
