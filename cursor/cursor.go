@@ -119,16 +119,15 @@ func (c *Cursors) commit(items []*pendingAck) {
 	}
 	// Hot copy: best effort, a max-merge, so a failure here only leaves
 	// Redis behind PostgreSQL until the next ack.
-	if _, err := scripts.RunPipelined(ctx, c.rdb, func(p redis.Pipeliner) {
-		for i, r := range res {
-			if r.Err == nil {
-				a := ups[i]
-				scripts.HashMax.EvalSha(ctx, p, []string{c.Key(a.User, a.Device)}, a.Conv, r.Delivered, 0)
-			}
+	var keys []string
+	var args []any
+	for i, r := range res {
+		if r.Err == nil {
+			a := ups[i]
+			keys, args = append(keys, c.Key(a.User, a.Device)), append(args, a.Conv, r.Delivered)
 		}
-	}); err != nil {
-		c.log.Debug("cursor hot copy", "err", err)
 	}
+	c.hotCopy(ctx, keys, args, "cursor hot copy")
 	batch.ObserveSince(c.ackMetrics.Redis, start)
 	for i, it := range items {
 		it.done(res[i])
@@ -169,17 +168,32 @@ func (c *Cursors) commitReads(items []*pendingRead) {
 		}
 		return
 	}
-	if _, err := scripts.RunPipelined(ctx, c.rdb, func(p redis.Pipeliner) {
-		for i, r := range res {
-			if r.Err == nil && r.Advanced {
-				scripts.HashMax.EvalSha(ctx, p, []string{c.ReadKey(ups[i].User)}, ups[i].Conv, r.Read, 0)
-			}
+	var keys []string
+	var args []any
+	for i, r := range res {
+		if r.Err == nil && r.Advanced {
+			keys, args = append(keys, c.ReadKey(ups[i].User)), append(args, ups[i].Conv, r.Read)
 		}
-	}); err != nil {
-		c.log.Debug("read hot copy", "err", err)
 	}
+	c.hotCopy(ctx, keys, args, "read hot copy")
 	batch.ObserveSince(c.readMetrics.Redis, start)
 	for i, it := range items {
 		it.done(res[i])
+	}
+}
+
+// hotCopy max-merges the Redis hot copies: keys[i] is a hash, args holds
+// its field and value in turn. Best effort: a failure only leaves Redis
+// behind PostgreSQL until the next update.
+func (c *Cursors) hotCopy(ctx context.Context, keys []string, args []any, what string) {
+	if len(keys) == 0 {
+		return
+	}
+	_, errs := scripts.RunMany(ctx, c.rdb, scripts.HashMax, keys, []any{0}, 2, args)
+	for _, err := range errs {
+		if err != nil {
+			c.log.Debug(what, "err", err)
+			return
+		}
 	}
 }

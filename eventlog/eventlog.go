@@ -160,9 +160,10 @@ func (l *Log) Send(ctx context.Context, m Message, done func(SendResult)) {
 }
 
 // allocate is the ordered stage of a batch: it allocates the seqs of its
-// sends in one Redis round trip (one INCRBY per conversation). Batches are
-// allocated one at a time in queue order, so a connection's sends get
-// increasing seqs even though batches commit concurrently.
+// sends in one Redis round trip (one seq_alloc call, an INCRBY per
+// conversation). Batches are allocated one at a time in queue order, so a
+// connection's sends get increasing seqs even though batches commit
+// concurrently.
 func (l *Log) allocate(items []*pendingSend) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -4,14 +4,18 @@
 // EVAL on NOSCRIPT by itself, but not inside a pipeline (go-redis issue
 // #3228): RunPipelined reloads the scripts and retries.
 //
-// Every key one script touches shares one hash tag, so the scripts run
-// unchanged on Redis Cluster.
+// Every key one script call touches shares one hash tag, so the scripts
+// run unchanged on Redis Cluster. seq_alloc and hash_max take any number
+// of keys: RunMany sends all of them in one call on a single Redis (one
+// script invocation instead of one per key: most of a small script's cost
+// is the invocation), and one call per key on a cluster.
 package scripts
 
 import (
 	"context"
 	_ "embed"
 	"errors"
+	"fmt"
 	"strings"
 	"sync/atomic"
 
@@ -113,6 +117,56 @@ func RunPipelined(ctx context.Context, rdb redis.UniversalClient, queue func(red
 		}
 	}
 	return cmds, nil
+}
+
+// RunMany runs s, a script over KEYS[1..k] whose ARGV is shared followed
+// by per arguments for each key in turn (args holds them, len(keys)*per)
+// and whose reply is an array with an element per key. On a single Redis
+// all keys go in one call; on Redis Cluster, where one call may only touch
+// keys of one hash slot, each key gets a call of its own, pipelined (keys
+// of one slot could share one, but a conversation's and a user's keys
+// rarely meet in a slot). It returns each key's element and error (the
+// call's, or the key's own error reply inside the array).
+func RunMany(ctx context.Context, rdb redis.UniversalClient, s *redis.Script, keys []string, shared []any, per int, args []any) ([]any, []error) {
+	vals := make([]any, len(keys))
+	errs := make([]error, len(keys))
+	span := len(keys)
+	if _, cluster := rdb.(*redis.ClusterClient); cluster {
+		span = 1
+	}
+	type call struct {
+		from, to int
+		cmd      *redis.Cmd
+	}
+	var calls []call
+	_, _ = RunPipelined(ctx, rdb, func(p redis.Pipeliner) {
+		for from := 0; from < len(keys); from += span {
+			to := min(from+span, len(keys))
+			argv := append(append(make([]any, 0, len(shared)+(to-from)*per), shared...), args[from*per:to*per]...)
+			calls = append(calls, call{from, to, s.EvalSha(ctx, p, keys[from:to], argv...)})
+		}
+	})
+	for _, c := range calls {
+		res, err := c.cmd.Slice()
+		if err == nil && len(res) != c.to-c.from {
+			err = fmt.Errorf("scripts: %d replies for %d keys", len(res), c.to-c.from)
+		}
+		for i := c.from; i < c.to; i++ {
+			switch {
+			case err != nil:
+				errs[i] = err
+			default:
+				// A key that failed inside the script has its error reply
+				// in its place.
+				if e, ok := res[i-c.from].(error); ok {
+					errs[i] = e
+				} else {
+					vals[i] = res[i-c.from]
+				}
+			}
+		}
+	}
+	return vals, errs
 }
 
 // Loaded reports whether every script is loaded in Redis: on a cluster,

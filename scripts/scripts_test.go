@@ -3,7 +3,9 @@ package scripts_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -23,8 +25,8 @@ func allocBoth(t *testing.T, rdb redis.UniversalClient, k1, k2 string) (int64, i
 	}); err != nil {
 		t.Fatalf("RunPipelined: %v", err)
 	}
-	r1, err1 := c1.Int64()
-	r2, err2 := c2.Int64()
+	r1, err1 := only(c1.Int64Slice())
+	r2, err2 := only(c2.Int64Slice())
 	v1, _ := rdb.Get(ctx, k1).Int64()
 	v2, _ := rdb.Get(ctx, k2).Int64()
 	if err1 != nil || err2 != nil || r1 != v1 || r2 != v2 {
@@ -109,4 +111,88 @@ func TestRunPipelinedNoScript(t *testing.T) {
 	if ok, err := scripts.Loaded(ctx, rdb); err != nil || !ok {
 		t.Fatalf("Loaded after the reload: %v %v", ok, err)
 	}
+}
+
+// only is the one element of a one-key script's array reply.
+func only(vs []int64, err error) (int64, error) {
+	if err == nil && len(vs) != 1 {
+		err = fmt.Errorf("%d replies for one key", len(vs))
+	}
+	if err != nil {
+		return 0, err
+	}
+	return vs[0], nil
+}
+
+// runManyCases checks RunMany with seq_alloc and hash_max on rdb: a lost
+// counter answers -1 while the others allocate; a hash named twice merges
+// both fields; values never go down; the TTL is set.
+func runManyCases(t *testing.T, rdb redis.UniversalClient, p string) {
+	t.Helper()
+	ctx := context.Background()
+	if err := scripts.Load(ctx, rdb); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{p + "seq:{a}", p + "seq:{c}"} {
+		if err := rdb.Set(ctx, k, 10, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	keys := []string{p + "seq:{a}", p + "seq:{b}", p + "seq:{c}"}
+	vals, errs := scripts.RunMany(ctx, rdb, scripts.SeqAlloc, keys, nil, 1, []any{3, 1, 1})
+	if fmt.Sprint(vals, errs) != "[13 -1 11] [<nil> <nil> <nil>]" {
+		t.Fatalf("seq_alloc over a, b (lost), c: %v %v", vals, errs)
+	}
+	if n, _ := rdb.Exists(ctx, p+"seq:{b}").Result(); n != 0 {
+		t.Fatal("seq_alloc created a lost counter")
+	}
+
+	// A key of the wrong type fails alone: the keys before and after it
+	// still allocate, once.
+	bad := p + "seq:{bad}"
+	if err := rdb.HSet(ctx, bad, "not", "a counter").Err(); err != nil {
+		t.Fatal(err)
+	}
+	vals, errs = scripts.RunMany(ctx, rdb, scripts.SeqAlloc, []string{p + "seq:{a}", bad, p + "seq:{c}"}, nil, 1, []any{1, 1, 1})
+	if fmt.Sprint(vals[0], vals[2]) != "14 12" || errs[0] != nil || errs[2] != nil || errs[1] == nil || !strings.Contains(errs[1].Error(), "WRONGTYPE") {
+		t.Fatalf("seq_alloc over a, a hash, c: %v %v", vals, errs)
+	}
+
+	u1, u2 := p+"cur:{u1}", p+"cur:{u2}"
+	vals, errs = scripts.RunMany(ctx, rdb, scripts.HashMax, []string{u1, u2, u1}, []any{60}, 2, []any{"x", 5, "x", 7, "y", 2})
+	if fmt.Sprint(vals, errs) != "[5 7 2] [<nil> <nil> <nil>]" {
+		t.Fatalf("hash_max: %v %v", vals, errs)
+	}
+	vals, errs = scripts.RunMany(ctx, rdb, scripts.HashMax, []string{u1, u1}, []any{0}, 2, []any{"x", 4, "y", 9})
+	if fmt.Sprint(vals, errs) != "[5 9] [<nil> <nil>]" {
+		t.Fatalf("hash_max with a lower value: %v %v", vals, errs)
+	}
+	vals, errs = scripts.RunMany(ctx, rdb, scripts.HashMax, []string{u1, p + "seq:{a}", u2}, []any{0}, 2, []any{"y", 10, "x", 1, "x", 8})
+	if fmt.Sprint(vals[0], vals[2]) != "10 8" || errs[0] != nil || errs[2] != nil || errs[1] == nil || !strings.Contains(errs[1].Error(), "WRONGTYPE") {
+		t.Fatalf("hash_max over u1, a counter, u2: %v %v", vals, errs)
+	}
+	if h, _ := rdb.HGetAll(ctx, u1).Result(); fmt.Sprint(h) != "map[x:5 y:10]" {
+		t.Fatalf("hash %s holds %v", u1, h)
+	}
+	if ttl, _ := rdb.TTL(ctx, u2).Result(); ttl <= 0 || ttl > time.Minute {
+		t.Fatalf("ttl of %s: %v", u2, ttl)
+	}
+	if vals, errs := scripts.RunMany(ctx, rdb, scripts.HashMax, nil, []any{0}, 2, nil); len(vals) != 0 || len(errs) != 0 {
+		t.Fatalf("no keys: %v %v", vals, errs)
+	}
+}
+
+// TestRunMany: on a single Redis all keys go in one call.
+func TestRunMany(t *testing.T) {
+	rs := testenv.StartRedis(t)
+	rdb := redis.NewClient(&redis.Options{Addr: rs.Addr()})
+	defer rdb.Close()
+	runManyCases(t, rdb, "rm:")
+}
+
+// TestRunManyCluster: on Redis Cluster the keys of one RunMany live in
+// different slots, so each key gets its own call.
+func TestRunManyCluster(t *testing.T) {
+	rc := testenv.StartRedisCluster(t)
+	runManyCases(t, rc.Client(), "rm:")
 }

@@ -1,5 +1,6 @@
 // Package seq allocates each conversation's sequence numbers from a Redis
-// counter (INCRBY on a {conv}-tagged key, through the seq_alloc script).
+// counter (INCRBY on a {conv}-tagged key, through the seq_alloc script:
+// one call allocates for every conversation of a commit batch).
 // A counter that Redis lost is re-seeded from the highest seq committed in
 // PostgreSQL, never restarted at 1; a seq that turns out to be taken
 // anyway (an in-flight send of the old counter) is caught by the store's
@@ -54,31 +55,47 @@ func (a *Allocator) Alloc(ctx context.Context, convs []string, ns []int64) ([]in
 // must be used, not left as holes.
 func (a *Allocator) AllocEach(ctx context.Context, convs []string, ns []int64) ([]int64, []error) {
 	first := make([]int64, len(convs))
-	errs := make([]error, len(convs))
-	cmds := a.allocPipelined(ctx, convs, ns)
-	for i, c := range cmds {
-		last, err := c.Int64()
-		if err != nil {
-			errs[i] = fmt.Errorf("seq: %w", err)
+	keys := make([]string, len(convs))
+	args := make([]any, len(convs))
+	for i, conv := range convs {
+		keys[i], args[i] = a.Key(conv), ns[i]
+	}
+	lasts, errs := scripts.RunMany(ctx, a.rdb, scripts.SeqAlloc, keys, nil, 1, args)
+	for i := range convs {
+		if errs[i] != nil {
+			errs[i] = fmt.Errorf("seq: %w", errs[i])
+			continue
+		}
+		last, ok := lasts[i].(int64)
+		if !ok {
+			errs[i] = fmt.Errorf("seq: seq_alloc replied %v", lasts[i])
 			continue
 		}
 		if last < 0 { // counter missing: re-seed from PostgreSQL, then allocate
-			if err := a.Reseed(ctx, convs[i]); err != nil {
-				errs[i] = err
-				continue
-			}
-			if last, err = scripts.SeqAlloc.Run(ctx, a.rdb, []string{a.Key(convs[i])}, ns[i]).Int64(); err != nil {
-				errs[i] = fmt.Errorf("seq: %w", err)
-				continue
-			}
-			if last < 0 {
-				errs[i] = errors.New("seq: counter vanished while re-seeding")
+			if last, errs[i] = a.allocAfterReseed(ctx, convs[i], ns[i]); errs[i] != nil {
 				continue
 			}
 		}
 		first[i] = last - ns[i] + 1
 	}
 	return first, errs
+}
+
+// allocAfterReseed re-seeds conv's lost counter and allocates n seqs.
+func (a *Allocator) allocAfterReseed(ctx context.Context, conv string, n int64) (int64, error) {
+	if err := a.Reseed(ctx, conv); err != nil {
+		return 0, err
+	}
+	lasts, err := scripts.SeqAlloc.Run(ctx, a.rdb, []string{a.Key(conv)}, n).Int64Slice()
+	switch {
+	case err != nil:
+		return 0, fmt.Errorf("seq: %w", err)
+	case len(lasts) != 1:
+		return 0, fmt.Errorf("seq: seq_alloc replied %v", lasts)
+	case lasts[0] < 0:
+		return 0, errors.New("seq: counter vanished while re-seeding")
+	}
+	return lasts[0], nil
 }
 
 // AllocOne allocates one seq of conv.
@@ -88,18 +105,6 @@ func (a *Allocator) AllocOne(ctx context.Context, conv string) (int64, error) {
 		return 0, err
 	}
 	return s[0], nil
-}
-
-// allocPipelined runs seq_alloc for every conversation in one pipeline;
-// each command carries its own result or error.
-func (a *Allocator) allocPipelined(ctx context.Context, convs []string, ns []int64) []*redis.Cmd {
-	cmds := make([]*redis.Cmd, len(convs))
-	_, _ = scripts.RunPipelined(ctx, a.rdb, func(p redis.Pipeliner) {
-		for i, conv := range convs {
-			cmds[i] = scripts.SeqAlloc.EvalSha(ctx, p, []string{a.Key(conv)}, ns[i])
-		}
-	})
-	return cmds
 }
 
 // Reseed raises conv's counter to at least the highest committed seq.

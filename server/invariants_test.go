@@ -214,7 +214,7 @@ func TestD2RacingSendersReaderByUpto(t *testing.T) {
 		defer wg.Done()
 		time.Sleep(50 * time.Millisecond)
 		c := context.Background()
-		s, err := scripts.SeqAlloc.Run(c, rdb, []string{cfg.RedisPrefix + "seq:{race}"}, 1).Int64()
+		s, err := allocByHand(c, rdb, cfg.RedisPrefix+"seq:{race}")
 		if err != nil {
 			t.Error(err)
 			return
@@ -537,4 +537,17 @@ func TestTwoProcessesExchangePushes(t *testing.T) {
 	if m := waitPush(t, fa, "g", r.Seq); string(m.Body) != "from p2" {
 		t.Fatalf("push %+v", m)
 	}
+}
+
+// allocByHand allocates one seq from the counter key with seq_alloc, as a
+// sender would before it commits.
+func allocByHand(ctx context.Context, rdb redis.UniversalClient, key string) (int64, error) {
+	lasts, err := scripts.SeqAlloc.Run(ctx, rdb, []string{key}, 1).Int64Slice()
+	if err == nil && len(lasts) != 1 {
+		err = fmt.Errorf("seq_alloc replied %v", lasts)
+	}
+	if err != nil {
+		return 0, err
+	}
+	return lasts[0], nil
 }
