@@ -210,8 +210,9 @@ func (g *Gateway) OnTraffic(c gnet.Conn) gnet.Action {
 	s := c.Context().(*Session)
 	// Only new bytes are activity: probe's Wake calls OnTraffic too, and
 	// must not keep a device that stopped reading and sending alive.
+	now := time.Now() // when the frames read now arrived
 	if c.InboundBuffered() > s.inbound {
-		s.lastSeen.Store(time.Now().UnixNano())
+		s.lastSeen.Store(now.UnixNano())
 	}
 	defer func() { s.inbound = c.InboundBuffered() }()
 	for {
@@ -277,7 +278,7 @@ func (g *Gateway) OnTraffic(c gnet.Conn) gnet.Action {
 			s.reply(wire.ErrorReply(req.Rid, wire.Errorf(wire.BadRequest, "already authenticated")))
 			continue
 		}
-		s.enqueue(req)
+		s.enqueue(req, now)
 	}
 }
 

@@ -18,12 +18,13 @@ import (
 	"github.com/parley-im/parley/wire"
 )
 
-// handle runs one request on the session's request goroutine.
-func (g *Gateway) handle(s *Session, req *wire.Request) {
+// handle runs one request on the session's request goroutine; start is
+// when the event loop read it (request latency counts from there, so it
+// includes the wait for this goroutine).
+func (g *Gateway) handle(s *Session, req *wire.Request, start time.Time) {
 	if req.T != wire.TAuth && !s.authed.Load() {
 		return // auth failed or is being refused; the connection is closing
 	}
-	start := time.Now()
 	// Sends, acks and reads are answered asynchronously, after their group
 	// commit; they carry their own deadline into the commit queue.
 	switch req.T {

@@ -34,7 +34,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "parley_gateway_refusals_total", Help: "Requests refused with RATE_LIMITED before any work, by reason (\"auth_rate\": over auth_rate)."}, []string{"reason"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "parley_gateway_request_seconds", Help: "Time from a request's arrival to its reply, by type.",
+			Name: "parley_gateway_request_seconds", Help: "Time from a request's arrival (read by the event loop) to its reply being queued for writing, by type.",
 			Buckets: prometheus.ExponentialBuckets(0.0002, 2, 16)}, []string{"type"}),
 		combined: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "parley_gateway_combined_requests", Help: "Requests answered by one database statement, by type (snapshot, auth).",

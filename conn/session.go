@@ -40,7 +40,7 @@ type Session struct {
 	// Request queue, drained by one goroutine at a time (requests of one
 	// connection are handled in order; idle connections hold none).
 	qmu     sync.Mutex
-	queue   []wire.Request
+	queue   []queued
 	running bool
 
 	// Outbox: frames waiting for the event loop. Guarded by omu.
@@ -64,6 +64,13 @@ type Session struct {
 	sendLast   time.Time
 }
 
+// queued is a request waiting for the session's request goroutine, and
+// when it arrived.
+type queued struct {
+	req wire.Request
+	at  time.Time
+}
+
 var sessionIDs atomic.Uint64
 
 func newSession(g *Gateway, c gnet.Conn) *Session {
@@ -73,16 +80,16 @@ func newSession(g *Gateway, c gnet.Conn) *Session {
 	return s
 }
 
-// enqueue hands req to the session's request goroutine, starting one if
-// none runs.
-func (s *Session) enqueue(req wire.Request) {
+// enqueue hands req, which arrived at at, to the session's request
+// goroutine, starting one if none runs.
+func (s *Session) enqueue(req wire.Request, at time.Time) {
 	s.qmu.Lock()
 	if len(s.queue) >= maxQueued {
 		s.qmu.Unlock()
 		s.reply(wire.ErrorReply(req.Rid, &wire.Error{Code: wire.RateLimited, Msg: "too many requests in flight", RetryAfterMs: 100}))
 		return
 	}
-	s.queue = append(s.queue, req)
+	s.queue = append(s.queue, queued{req, at})
 	if s.running {
 		s.qmu.Unlock()
 		return
@@ -101,11 +108,11 @@ func (s *Session) drain() {
 			s.qmu.Unlock()
 			return
 		}
-		req := s.queue[0]
-		s.queue[0] = wire.Request{}
+		q := s.queue[0]
+		s.queue[0] = queued{}
 		s.queue = s.queue[1:]
 		s.qmu.Unlock()
-		s.g.handle(s, &req)
+		s.g.handle(s, &q.req, q.at)
 	}
 }
 
