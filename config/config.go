@@ -131,6 +131,11 @@ type Config struct {
 	// AckLinger: under load, a batch of acks that is not full waits up to
 	// this long for more (see CommitLinger).
 	AckLinger time.Duration `yaml:"ack_linger" default:"10ms"`
+	// AckCoalesce: an ack without rid (no reply on success) of a seq the
+	// connection was given is held up to this long, and only the newest
+	// per device and conversation is committed; 0 commits every ack as it
+	// arrives. See docs/consistency.md.
+	AckCoalesce time.Duration `yaml:"ack_coalesce" default:"1s"`
 	// SendRate is the per-device sustained send rate (messages/s); 0
 	// disables the limit.
 	SendRate int `yaml:"send_rate" default:"100"`
@@ -222,8 +227,8 @@ func (c Config) Validate() error {
 	if c.CommitBatch < 1 || c.CommitWorkers < 1 || c.AckWorkers < 1 {
 		errs = append(errs, errors.New("commit_batch, commit_workers and ack_workers must be positive"))
 	}
-	if c.CommitLinger < 0 || c.AckLinger < 0 {
-		errs = append(errs, errors.New("commit_linger and ack_linger must not be negative"))
+	if c.CommitLinger < 0 || c.AckLinger < 0 || c.AckCoalesce < 0 {
+		errs = append(errs, errors.New("commit_linger, ack_linger and ack_coalesce must not be negative"))
 	}
 	if c.AuthRate < 0 || c.AuthBurst < 0 || (c.AuthRate > 0 && c.AuthBurst < 1) {
 		errs = append(errs, errors.New("auth_rate must be at least 0, and auth_burst at least 1 when auth_rate is set"))

@@ -65,6 +65,7 @@ type Gateway struct {
 	lookups   combiner[string, deviceLookup] // auth: device id -> row
 
 	coalesce coalescer // sessions with coalesced pushes to flush
+	held     heldAcks  // sessions holding rid-less acks (ack_coalesce)
 
 	mu       sync.RWMutex
 	sessions map[*Session]struct{} // every open connection
@@ -86,6 +87,9 @@ func New(cfg config.Config, deps Deps, log *slog.Logger, reg prometheus.Register
 	g.initCombiners()
 	if cfg.PushCoalesce > 0 {
 		go g.coalesceLoop(cfg.PushCoalesce)
+	}
+	if cfg.AckCoalesce > 0 {
+		g.goroutine(func() { g.heldAcksLoop(cfg.AckCoalesce) })
 	}
 	return g
 }
@@ -192,6 +196,7 @@ func (g *Gateway) OnClose(c gnet.Conn, _ error) gnet.Action {
 	g.metrics.connections.Dec()
 	if s.authed.Load() {
 		g.goroutine(func() {
+			s.flushAcks(nil) // the acks it held still count
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			defer cancel()
 			if err := g.deps.Routes.Unregister(ctx, s.user, s.device, s.token); err != nil {

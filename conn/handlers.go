@@ -54,8 +54,10 @@ func (g *Gateway) handle(s *Session, req *wire.Request, start time.Time) {
 	case wire.TSync:
 		g.sync(ctx, s, req)
 	case wire.TConvs:
+		s.settleAcks(ctx) // items report this device's cursors
 		g.convs(ctx, s, req)
 	case wire.TSnapshot:
+		s.settleAcks(ctx)
 		g.snapshot(ctx, s, req)
 	case wire.TRecall:
 		res, err := g.deps.Log.Recall(ctx, req.Conv, s.user, s.device, req.Seq, g.cfg.RecallWindow)
@@ -263,18 +265,26 @@ func (g *Gateway) ack(s *Session, req *wire.Request, start time.Time) {
 	// Known: the connection was given this seq, so it is committed and
 	// the user is or was a member; PostgreSQL then checks only the epoch.
 	a := cursor.Ack{Device: s.device, User: s.user, Conv: req.Conv, Epoch: s.epoch, Seq: req.Seq, Known: s.knows(req.Conv, req.Seq)}
-	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.RequestTimeout)
-	rid, conv := req.Rid, req.Conv
-	g.deps.Cursors.Merge(ctx, s.id, a, func(r cursor.Result) {
-		cancel()
-		if r.Err == nil {
-			s.omu.Lock()
-			s.redelivery.acked(conv, r.Delivered)
-			s.omu.Unlock()
-		}
-		g.metrics.latency.WithLabelValues(wire.TAck).Observe(time.Since(start).Seconds())
-		g.answer(s, &wire.Request{T: wire.TAck, Rid: rid}, r.Err, wire.AckOK{T: wire.TAckOK, Rid: rid, Conv: conv, Delivered: r.Delivered})
-	})
+	if req.Rid == "" && a.Known && g.holdsAcks() {
+		s.holdAck(a) // heldacks.go
+		return
+	}
+	s.flushAcks(nil) // first: this ack's reply then carries their merge
+	g.mergeAck(s, a, req.Rid, start, nil)
+}
+
+// holdsAcks reports whether rid-less acks are held (ack_coalesce), which
+// stops when the gateway does.
+func (g *Gateway) holdsAcks() bool {
+	if g.cfg.AckCoalesce <= 0 {
+		return false
+	}
+	select {
+	case <-g.stopping:
+		return false
+	default:
+		return true
+	}
 }
 
 func (g *Gateway) read(s *Session, req *wire.Request, start time.Time) {

@@ -17,6 +17,8 @@ type metrics struct {
 	refusals    *prometheus.CounterVec
 	latency     *prometheus.HistogramVec
 	combined    *prometheus.HistogramVec
+	acksHeld    prometheus.Counter // rid-less acks held (ack_coalesce)
+	acksFlushed prometheus.Counter // held acks handed to the commit queue
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -39,10 +41,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		combined: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "parley_gateway_combined_requests", Help: "Requests answered by one database statement, by type (snapshot, auth).",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 10)}, []string{"type"}),
+		acksHeld: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "parley_gateway_acks_held_total", Help: "Acks without rid of seqs the connection was given, held for ack_coalesce instead of committed one by one."}),
+		acksFlushed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "parley_gateway_acks_held_committed_total", Help: "Held acks handed to the commit queue: one per device and conversation per ack_coalesce, whatever parley_gateway_acks_held_total received."}),
 	}
 	m.pushesOut = m.framesOut.WithLabelValues(wire.TPush)
 	if reg != nil {
-		reg.MustRegister(m.connections, m.framesIn, m.framesOut, m.errors, m.drops, m.refusals, m.latency, m.combined)
+		reg.MustRegister(m.connections, m.framesIn, m.framesOut, m.errors, m.drops, m.refusals, m.latency, m.combined, m.acksHeld, m.acksFlushed)
 	}
 	return m
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/panjf2000/gnet/v2"
 
+	"github.com/parley-im/parley/cursor"
 	"github.com/parley-im/parley/wire"
 )
 
@@ -59,6 +60,11 @@ type Session struct {
 	// the user is, or was, a member, so an ack up to it needs neither the
 	// membership nor the head check in PostgreSQL (see Gateway.ack).
 	known map[string]int64
+
+	// held: conv -> the newest rid-less ack held for ack_coalesce
+	// (heldacks.go). Guarded by amu.
+	amu  sync.Mutex
+	held map[string]cursor.Ack
 
 	sendTokens float64 // send rate limiter, guarded by qmu (only the request goroutine uses it)
 	sendLast   time.Time

@@ -78,37 +78,78 @@ SELECT coalesce((SELECT install_epoch = $3 FROM devices WHERE device_id = $1), f
 // MergeCursors max-merges delivery cursors (group commit): a cursor never
 // moves down. Acks of one batch for the same (device, conv) are merged
 // first (the largest wins, and every one of them is answered with the
-// merged value). An ack whose epoch is not the device's current
+// merged value); if the largest is refused for its seq (CURSOR_AHEAD),
+// the smaller ones are tried again without it, so a bad ack never takes
+// a good one down with it. An ack whose epoch is not the device's current
 // install_epoch changes nothing (M5).
 func (s *Store) MergeCursors(ctx context.Context, ups []CursorUpdate) ([]CursorResult, error) {
-	// Keyed by epoch too: of two installs' acks only the current one's
-	// passes the epoch check, so the insert never meets a key twice.
-	type key struct {
-		device, conv string
-		epoch        int64
+	res := make([]CursorResult, len(ups))
+	todo := make([]int, len(ups)) // indexes of ups not answered yet
+	for i := range todo {
+		todo[i] = i
 	}
-	merged := map[key]int{} // key -> index into uniq
-	var uniq []CursorUpdate
-	for _, u := range ups {
-		k := key{u.Device, u.Conv, u.Epoch}
-		if i, ok := merged[k]; ok {
-			switch m := &uniq[i]; {
-			case u.Seq > m.Seq:
-				m.Seq, m.Known = u.Seq, u.Known
-			case u.Seq == m.Seq:
-				m.Known = m.Known || u.Known
+	for len(todo) > 0 {
+		// Keyed by epoch too: of two installs' acks only the current one's
+		// passes the epoch check, so the insert never meets a key twice.
+		largest := map[cursorKey]CursorUpdate{}
+		for _, i := range todo {
+			u := ups[i]
+			k := cursorKey{u.Device, u.Conv, u.Epoch}
+			switch m, ok := largest[k]; {
+			case !ok || u.Seq > m.Seq:
+				largest[k] = u
+			case u.Seq == m.Seq && u.Known:
+				m.Known = true
+				largest[k] = m
 			}
-			continue
 		}
-		merged[k] = len(uniq)
-		uniq = append(uniq, u)
+		got, err := s.mergeRound(ctx, largest)
+		if err != nil {
+			return nil, err
+		}
+		refused := map[cursorKey]error{}
+		var retry []int
+		for _, i := range todo {
+			u := ups[i]
+			k := cursorKey{u.Device, u.Conv, u.Epoch}
+			if v, ok := got[k]; ok {
+				res[i].Delivered = v
+				continue
+			}
+			why, ok := refused[k]
+			if !ok {
+				if why, err = s.diagnoseCursor(ctx, largest[k]); err != nil {
+					return nil, err
+				}
+				refused[k] = why
+			}
+			if u.Seq < largest[k].Seq && why == ErrCursorAhead {
+				retry = append(retry, i) // a smaller seq may be fine
+				continue
+			}
+			res[i].Err = why
+		}
+		todo = retry
 	}
-	got := map[key]int64{}
+	return res, nil
+}
+
+// cursorKey is a delivery cursor of one install of a device.
+type cursorKey struct {
+	device, conv string
+	epoch        int64
+}
+
+// mergeRound merges one update per key (those whose seq the connection
+// was given, then the others, which are checked in full) and returns the
+// merged value of each key that was not refused.
+func (s *Store) mergeRound(ctx context.Context, ups map[cursorKey]CursorUpdate) (map[cursorKey]int64, error) {
+	got := map[cursorKey]int64{}
 	for _, known := range []bool{true, false} {
 		var devices, convs, users []string
 		var epochs []int32
 		var seqs []int64
-		for _, u := range uniq {
+		for _, u := range ups {
 			if u.Known == known {
 				devices, convs, users = append(devices, u.Device), append(convs, u.Conv), append(users, u.User)
 				epochs, seqs = append(epochs, int32(u.Epoch)), append(seqs, u.Seq)
@@ -122,11 +163,11 @@ func (s *Store) MergeCursors(ctx context.Context, ups []CursorUpdate) ([]CursorR
 			sql = mergeKnownCursorsSQL
 		}
 		var err error
-		var rows map[key]int64
+		var rows map[cursorKey]int64
 		for attempt := 0; attempt < 3; attempt++ {
-			rows = map[key]int64{} // a failed attempt's rows were rolled back
+			rows = map[cursorKey]int64{} // a failed attempt's rows were rolled back
 			err = s.queryCursors(ctx, sql, []any{devices, convs, epochs, seqs, users}, func(device, conv string, epoch, delivered int64) {
-				rows[key{device, conv, epoch}] = delivered
+				rows[cursorKey{device, conv, epoch}] = delivered
 			})
 			if !isDeadlock(err) {
 				break
@@ -137,27 +178,24 @@ func (s *Store) MergeCursors(ctx context.Context, ups []CursorUpdate) ([]CursorR
 		}
 		maps.Copy(got, rows)
 	}
-	res := make([]CursorResult, len(ups))
-	for i, u := range ups {
-		if v, ok := got[key{u.Device, u.Conv, u.Epoch}]; ok {
-			res[i].Delivered = v
-			continue
-		}
-		// Refused (rare): say why.
-		var epochOK, member bool
-		if err := s.pool.QueryRow(ctx, diagnoseCursorSQL, u.Device, u.Conv, u.Epoch, u.User).Scan(&epochOK, &member); err != nil {
-			return nil, err
-		}
-		switch {
-		case !epochOK:
-			res[i].Err = ErrStaleInstall
-		case !member:
-			res[i].Err = ErrNotMember
-		default:
-			res[i].Err = ErrCursorAhead
-		}
+	return got, nil
+}
+
+// diagnoseCursor says why u was refused (rare): ErrStaleInstall,
+// ErrNotMember or ErrCursorAhead.
+func (s *Store) diagnoseCursor(ctx context.Context, u CursorUpdate) (why, err error) {
+	var epochOK, member bool
+	if err := s.pool.QueryRow(ctx, diagnoseCursorSQL, u.Device, u.Conv, u.Epoch, u.User).Scan(&epochOK, &member); err != nil {
+		return nil, err
 	}
-	return res, nil
+	switch {
+	case !epochOK:
+		return ErrStaleInstall, nil
+	case !member:
+		return ErrNotMember, nil
+	default:
+		return ErrCursorAhead, nil
+	}
 }
 
 // queryCursors runs a merge statement and calls row for each row it returns.

@@ -95,7 +95,9 @@ func TestMergeCursorsKnownAndChecked(t *testing.T) {
 		t.Fatalf("the new install's ack: %+v, want delivered 5", r)
 	}
 	// One batch of both kinds: acks of one cursor merge first (the largest
-	// decides how it is checked), and each gets its own answer.
+	// decides how it is checked), and each gets its own answer. The
+	// largest ack of g is above head: it is refused, and the smaller ones
+	// are merged without it (a bad ack does not take good ones down).
 	res, err := st.MergeCursors(ctx, []store.CursorUpdate{
 		{Device: "b1", User: "ben", Conv: "g", Epoch: 1, Seq: 7, Known: true},
 		{Device: "b1", User: "ben", Conv: "g", Epoch: 1, Seq: 12},
@@ -105,10 +107,13 @@ func TestMergeCursorsKnownAndChecked(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i, want := range []error{store.ErrCursorAhead, store.ErrCursorAhead, store.ErrNotMember, store.ErrCursorAhead} {
-		if !errors.Is(res[i].Err, want) {
-			t.Errorf("mixed batch, ack %d: %+v, want %v", i, res[i], want)
+	for i, want := range []store.CursorResult{{Delivered: 7}, {Err: store.ErrCursorAhead}, {Err: store.ErrNotMember}, {Delivered: 7}} {
+		if res[i].Delivered != want.Delivered || !errors.Is(res[i].Err, want.Err) {
+			t.Errorf("mixed batch, ack %d: %+v, want %+v", i, res[i], want)
 		}
+	}
+	if d := delivered(); d != 7 {
+		t.Fatalf("delivered %d after the mixed batch, want 7", d)
 	}
 	res, err = st.MergeCursors(ctx, []store.CursorUpdate{
 		{Device: "b1", User: "ben", Conv: "g", Epoch: 1, Seq: 9},

@@ -1,0 +1,155 @@
+package conn_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/parley-im/parley/config"
+	"github.com/parley-im/parley/internal/parleytest"
+	"github.com/parley-im/parley/internal/testenv"
+	"github.com/parley-im/parley/wire"
+)
+
+// pgDelivered is the delivery cursor of (device, conv) in PostgreSQL (-1:
+// no row).
+func pgDelivered(t *testing.T, env *parleytest.Env, device, conv string) int64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	pc, err := pgx.Connect(ctx, env.Cfg.PostgresURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close(ctx)
+	var d int64
+	err = pc.QueryRow(ctx, `SELECT delivered_seq FROM device_cursors WHERE device_id = $1 AND conv_id = $2`, device, conv).Scan(&d)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return -1
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// sendN sends n messages to conv with rid (so the connection is given
+// their seqs) and returns the last seq.
+func sendN(r *rawConn, conv string, n int) int64 {
+	var seq int64
+	for i := 0; i < n; i++ {
+		r.send(wire.Request{T: wire.TSend, Rid: name("s"), Conv: conv, Cmid: name("m"), Body: []byte("x")})
+		seq = r.expect(wire.TSendOK).Seq
+	}
+	return seq
+}
+
+// TestHeldAcks: acks without rid of seqs the connection was given are
+// held for ack_coalesce and only the newest per conversation commits;
+// the connection still reads its own acks at once (convs, ack with rid),
+// a bad ack does not take a held good one down, and a connection that
+// closes hands its held acks over at once.
+func TestHeldAcks(t *testing.T) {
+	const hold = 700 * time.Millisecond
+	env := startEnv(t, func(c *config.Config) { c.AckCoalesce = hold })
+
+	t.Run("CommitsNewestAfterHold", func(t *testing.T) {
+		t.Parallel()
+		r, dev := authedRaw(t, env)
+		conv := name("c-held")
+		env.Group(t, conv, dev.User)
+		head := sendN(r, conv, 5)
+		sent := time.Now()
+		for seq := int64(2); seq <= head; seq++ {
+			r.send(wire.Request{T: wire.TAck, Conv: conv, Seq: seq})
+		}
+		r.ping() // the acks were handled
+		if d := pgDelivered(t, env, dev.ID, conv); d != -1 && time.Since(sent) < hold/2 {
+			t.Fatalf("cursor %d in PostgreSQL right after rid-less acks: not held", d)
+		}
+		testenv.CheckFor(t, 3*hold, 20*time.Millisecond, func() error {
+			if d := pgDelivered(t, env, dev.ID, conv); d != head {
+				return errors.New("held acks not committed yet")
+			}
+			return nil
+		})
+		if m, _ := r.nextWithin(100 * time.Millisecond); m.T != "" {
+			t.Fatalf("a held ack was answered: %+v", m)
+		}
+	})
+
+	t.Run("ReadOwnAcks", func(t *testing.T) {
+		t.Parallel()
+		r, dev := authedRaw(t, env)
+		conv := name("c-own")
+		env.Group(t, conv, dev.User)
+		head := sendN(r, conv, 3)
+		r.send(wire.Request{T: wire.TAck, Conv: conv, Seq: head - 1})
+		r.send(wire.Request{T: wire.TConvs, Rid: "l"})
+		items := r.expect(wire.TConvsOK).Items
+		if len(items) != 1 || items[0].Delivered != head-1 {
+			t.Fatalf("convs right after a held ack: %+v, want delivered %d", items, head-1)
+		}
+		r.send(wire.Request{T: wire.TAck, Conv: conv, Seq: head})
+		r.send(wire.Request{T: wire.TAck, Rid: "a", Conv: conv, Seq: 1})
+		if m := r.expect(wire.TAckOK); m.Delivered != head {
+			t.Fatalf("ack_ok after a held ack: %+v, want delivered %d", m, head)
+		}
+	})
+
+	t.Run("BadAckSparesHeldOne", func(t *testing.T) {
+		t.Parallel()
+		r, dev := authedRaw(t, env)
+		conv := name("c-bad")
+		env.Group(t, conv, dev.User)
+		head := sendN(r, conv, 2)
+		r.send(wire.Request{T: wire.TAck, Conv: conv, Seq: head})     // held
+		r.send(wire.Request{T: wire.TAck, Conv: conv, Seq: head + 5}) // not given: at once, after the held one
+		r.expectError(wire.CursorAhead, "")
+		if d := pgDelivered(t, env, dev.ID, conv); d != head {
+			t.Fatalf("cursor %d after a good held ack and a bad one, want %d", d, head)
+		}
+	})
+
+	t.Run("CloseHandsThemOver", func(t *testing.T) {
+		t.Parallel()
+		r, dev := authedRaw(t, env)
+		conv := name("c-close")
+		env.Group(t, conv, dev.User)
+		head := sendN(r, conv, 2)
+		r.send(wire.Request{T: wire.TAck, Conv: conv, Seq: head})
+		r.ping()
+		closed := time.Now()
+		r.nc.Close()
+		testenv.CheckFor(t, 3*hold, 10*time.Millisecond, func() error {
+			if d := pgDelivered(t, env, dev.ID, conv); d != head {
+				return errors.New("not committed yet")
+			}
+			return nil
+		})
+		if waited := time.Since(closed); waited > hold/2 {
+			t.Errorf("the held ack committed %v after the close: it waited for the hold", waited)
+		}
+	})
+
+	t.Run("StaleInstall", func(t *testing.T) {
+		t.Parallel()
+		r, dev := authedRaw(t, env)
+		conv := name("c-stale")
+		env.Group(t, conv, dev.User)
+		head := sendN(r, conv, 2)
+		if code := env.Admin(t, http.MethodPost, "/v1/devices/"+dev.ID+"/reinstall", nil, nil); code != http.StatusOK {
+			t.Fatalf("reinstall: %d", code)
+		}
+		r.send(wire.Request{T: wire.TAck, Conv: conv, Seq: head}) // held, refused at the flush
+		r.expectError(wire.StaleInstall, "")
+		if d := pgDelivered(t, env, dev.ID, conv); d != -1 {
+			t.Fatalf("stale held ack wrote cursor %d", d)
+		}
+	})
+	assertServerHealthy(t, env)
+}
