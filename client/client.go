@@ -202,11 +202,12 @@ type Options struct {
 	// every AckDelay. Use it when OnEvent stores events durably before
 	// returning; otherwise call Ack yourself once they are stored.
 	AutoAck bool
-	// AckDelay is the AutoAck batching window (default 50 ms). Every ack
-	// is a durable write on the server: a longer window (250 ms to 1 s)
-	// costs the server much less and the device fewer radio wake-ups,
-	// and the server needs acks only for its redelivery scan
-	// (docs/operations.md, "What acks cost").
+	// AckDelay is the AutoAck batching window (default 50 ms). AutoAck's
+	// acks carry no rid (one write per window for every conversation that
+	// moved; errors are logged): the server holds them and commits the
+	// newest per conversation every ack_coalesce (docs/consistency.md,
+	// "Acks"). A longer window (250 ms to 1 s) costs the device fewer
+	// radio wake-ups; the server needs acks only for its redelivery scan.
 	AckDelay time.Duration
 
 	// Dialer, if set, dials the TCP connections.
@@ -229,6 +230,7 @@ type Client struct {
 	stopped chan struct{} // closed when the supervisor ends (Close, replaced, AUTH_FAILED)
 	firstUp chan struct{} // closed at the first successful auth
 	ackWake chan struct{} // wakes the acker (capacity 1)
+	ackedOn *Conn         // the connection the acker last wrote to (acker only)
 	syncSem chan struct{} // bounds sync requests in flight
 	wg      sync.WaitGroup
 	in      inbox
@@ -1177,6 +1179,7 @@ func (c *Client) trigger(cs *convState) {
 // the user was added to while offline are not discovered here (only by
 // their next push or hint); the app can list them with Convs.
 func (c *Client) resyncAll() {
+	c.wakeAcker() // a new connection: ack everything again (flushAcks)
 	c.mu.Lock()
 	all := make([]wire.ConvAfter, 0, len(c.convs))
 	for _, cs := range c.convs {
@@ -1498,55 +1501,41 @@ func (c *Client) flushAcks() {
 	if conn == nil {
 		return // the next connection wakes us
 	}
+	if conn != c.ackedOn {
+		// A new connection: what was written to the last one may not have
+		// reached the server. Ack every conversation again.
+		c.ackedOn = conn
+		c.mu.Lock()
+		for _, cs := range c.convs {
+			cs.acked = 0
+		}
+		c.mu.Unlock()
+	}
 	type ack struct {
 		cs  *convState
 		seq int64
 	}
 	var todo []ack
+	reqs := []any{}
 	c.mu.Lock()
 	for _, cs := range c.convs {
 		if cur := cs.cursor.Load(); cur > cs.acked {
 			todo = append(todo, ack{cs, cur})
+			reqs = append(reqs, &wire.Request{T: wire.TAck, Conv: cs.id, Seq: cur})
 		}
 	}
 	c.mu.Unlock()
-	// ackWindow at a time: the server commits acks in batches that may
-	// linger (ack_linger), so one at a time would take that long per
-	// conversation after a reconnect, and all at once could overflow the
-	// connection's request queue.
-	for len(todo) > 0 {
-		n := min(len(todo), ackWindow)
-		errs := make([]error, n)
-		var wg sync.WaitGroup
-		for i, a := range todo[:n] {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				ctx, cancel := context.WithTimeout(c.ctx, c.opt.RequestTimeout)
-				defer cancel()
-				if _, errs[i] = conn.Ack(ctx, a.cs.id, a.seq); errs[i] == nil {
-					a.cs.acked = max(a.cs.acked, a.seq) // each conversation is in todo once
-				}
-			}()
-		}
-		wg.Wait()
-		for i, err := range errs {
-			if err == nil {
-				continue
-			}
-			if c.isClosing() {
-				return
-			}
-			if _, ok := wire.AsError(err); !ok {
-				return // connection trouble; retried after the reconnect
-			}
-			// STALE_INSTALL: this connection belongs to an older install of
-			// the device (it was reinstalled meanwhile): nothing we ack counts.
-			c.log.Warn("ack failed", "conv", todo[i].cs.id, "seq", todo[i].seq, "err", err)
-		}
-		todo = todo[n:]
+	if len(todo) == 0 {
+		return
+	}
+	// Without rid, in one write: the server answers only errors (logged by
+	// onFrame; STALE_INSTALL means this install no longer counts), and
+	// holds such acks (ack_coalesce), committing the newest of each
+	// conversation: acking often costs it little.
+	if err := conn.WriteAll(reqs...); err != nil {
+		return // connection trouble; the next connection acks again
+	}
+	for _, a := range todo {
+		a.cs.acked = max(a.cs.acked, a.seq)
 	}
 }
-
-// ackWindow is how many acks flushAcks keeps in flight.
-const ackWindow = 8

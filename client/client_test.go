@@ -1159,3 +1159,47 @@ func TestAutoAckAcksManyConversations(t *testing.T) {
 		})
 	}
 }
+
+// TestAutoAckAgainAfterReconnect: AutoAck's acks carry no rid, so one
+// written to a connection that then broke may never have reached the
+// server. After a reconnect AutoAck acks every conversation again, even
+// with no new event to wake it.
+func TestAutoAckAgainAfterReconnect(t *testing.T) {
+	leakCheckAtEnd(t)
+	env := parleytest.Start(t, parleytest.Config(t))
+	ana, ben := env.User(t, "ana", 1), env.User(t, "ben", 1)
+	env.Group(t, "g", "ana", "ben")
+	var fds []int
+	var mu sync.Mutex
+	dialer := &net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+		return rc.Control(func(fd uintptr) {
+			mu.Lock()
+			fds = append(fds, int(fd))
+			mu.Unlock()
+		})
+	}}
+	a := newClient(t, env.Addr, ana[0], newRecorder(), nil)
+	b := newClient(t, env.Addr, ben[0], newRecorder(), func(o *client.Options) { o.AutoAck = true; o.Dialer = dialer })
+	if _, err := a.Send(testCtx(t), "g", "m", []byte("hi")); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "acked at 2", func() bool {
+		r, err := b.Ack(testCtx(t), "g", 0)
+		return err == nil && r.Delivered == 2
+	})
+	// The server loses the cursor (as if the ack had never arrived), and
+	// the connection breaks.
+	if code := env.Admin(t, "POST", "/v1/devices/"+ben[0].ID+"/reinstall", nil, nil); code != 200 {
+		t.Fatalf("reinstall: %d", code)
+	}
+	mu.Lock()
+	last := fds[len(fds)-1]
+	mu.Unlock()
+	if err := syscall.Shutdown(last, syscall.SHUT_RDWR); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "acked at 2 again on the new connection", func() bool {
+		r, err := b.Ack(testCtx(t), "g", 0)
+		return err == nil && r.Delivered == 2
+	})
+}

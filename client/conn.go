@@ -149,6 +149,21 @@ func (c *Conn) Write(v any) error {
 	return c.WriteRaw(c.buf)
 }
 
+// WriteAll sends frames (requests without rid, whose replies, if any, go
+// to OnServerFrame) in one write.
+func (c *Conn) WriteAll(vs ...any) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	c.buf = c.buf[:0]
+	for _, v := range vs {
+		var err error
+		if c.buf, err = wire.AppendFrame(c.buf, v); err != nil {
+			return err
+		}
+	}
+	return c.WriteRaw(c.buf)
+}
+
 // WriteRaw sends bytes as they are (tests send garbage with it).
 func (c *Conn) WriteRaw(b []byte) error {
 	_ = c.nc.SetWriteDeadline(time.Now().Add(10 * time.Second))
