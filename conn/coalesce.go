@@ -38,16 +38,16 @@ func (c *coalescer) flush() {
 	}
 }
 
-// coalesceLoop flushes every period until the gateway stops.
-func (g *Gateway) coalesceLoop(period time.Duration) {
+// every runs f every period until the gateway stops, and once more then.
+func (g *Gateway) every(period time.Duration, f func()) {
 	t := time.NewTicker(period)
 	defer t.Stop()
 	for {
 		select {
 		case <-t.C:
-			g.coalesce.flush()
+			f()
 		case <-g.stopping:
-			g.coalesce.flush()
+			f()
 			return
 		}
 	}

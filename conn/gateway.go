@@ -86,10 +86,10 @@ func New(cfg config.Config, deps Deps, log *slog.Logger, reg prometheus.Register
 	}
 	g.initCombiners()
 	if cfg.PushCoalesce > 0 {
-		go g.coalesceLoop(cfg.PushCoalesce)
+		go g.every(cfg.PushCoalesce, g.coalesce.flush)
 	}
 	if cfg.AckCoalesce > 0 {
-		g.goroutine(func() { g.heldAcksLoop(cfg.AckCoalesce) })
+		g.goroutine(func() { g.every(cfg.AckCoalesce, g.flushHeldAcks) })
 	}
 	return g
 }

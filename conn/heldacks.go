@@ -125,19 +125,3 @@ func (g *Gateway) flushHeldAcks() {
 		s.flushAcks(nil)
 	}
 }
-
-// heldAcksLoop flushes the held acks every period until the gateway
-// stops, and once more then.
-func (g *Gateway) heldAcksLoop(period time.Duration) {
-	t := time.NewTicker(period)
-	defer t.Stop()
-	for {
-		select {
-		case <-t.C:
-			g.flushHeldAcks()
-		case <-g.stopping:
-			g.flushHeldAcks()
-			return
-		}
-	}
-}

@@ -3,6 +3,7 @@ package conn_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
@@ -37,15 +38,31 @@ func pgDelivered(t *testing.T, env *parleytest.Env, device, conv string) int64 {
 	return d
 }
 
-// sendN sends n messages to conv with rid (so the connection is given
-// their seqs) and returns the last seq.
-func sendN(r *rawConn, conv string, n int) int64 {
-	var seq int64
+// heldConv starts a connection of a new user, alone in a new group to
+// which it sends n messages with rid (so the connection is given their
+// seqs); head is the last seq.
+func heldConv(t *testing.T, env *parleytest.Env, n int) (r *rawConn, dev parleytest.Device, conv string, head int64) {
+	t.Helper()
+	r, dev = authedRaw(t, env)
+	conv = name("c-held")
+	env.Group(t, conv, dev.User)
 	for i := 0; i < n; i++ {
 		r.send(wire.Request{T: wire.TSend, Rid: name("s"), Conv: conv, Cmid: name("m"), Body: []byte("x")})
-		seq = r.expect(wire.TSendOK).Seq
+		head = r.expect(wire.TSendOK).Seq
 	}
-	return seq
+	return r, dev, conv, head
+}
+
+// waitDelivered waits up to within for the cursor of (device, conv) in
+// PostgreSQL to be want.
+func waitDelivered(t *testing.T, env *parleytest.Env, device, conv string, want int64, within time.Duration) {
+	t.Helper()
+	testenv.CheckFor(t, within, 10*time.Millisecond, func() error {
+		if d := pgDelivered(t, env, device, conv); d != want {
+			return fmt.Errorf("cursor %d, want %d", d, want)
+		}
+		return nil
+	})
 }
 
 // TestHeldAcks: acks without rid of seqs the connection was given are
@@ -59,10 +76,7 @@ func TestHeldAcks(t *testing.T) {
 
 	t.Run("CommitsNewestAfterHold", func(t *testing.T) {
 		t.Parallel()
-		r, dev := authedRaw(t, env)
-		conv := name("c-held")
-		env.Group(t, conv, dev.User)
-		head := sendN(r, conv, 5)
+		r, dev, conv, head := heldConv(t, env, 5)
 		sent := time.Now()
 		for seq := int64(2); seq <= head; seq++ {
 			r.send(wire.Request{T: wire.TAck, Conv: conv, Seq: seq})
@@ -71,12 +85,7 @@ func TestHeldAcks(t *testing.T) {
 		if d := pgDelivered(t, env, dev.ID, conv); d != -1 && time.Since(sent) < hold/2 {
 			t.Fatalf("cursor %d in PostgreSQL right after rid-less acks: not held", d)
 		}
-		testenv.CheckFor(t, 3*hold, 20*time.Millisecond, func() error {
-			if d := pgDelivered(t, env, dev.ID, conv); d != head {
-				return errors.New("held acks not committed yet")
-			}
-			return nil
-		})
+		waitDelivered(t, env, dev.ID, conv, head, 3*hold)
 		if m, _ := r.nextWithin(100 * time.Millisecond); m.T != "" {
 			t.Fatalf("a held ack was answered: %+v", m)
 		}
@@ -84,10 +93,7 @@ func TestHeldAcks(t *testing.T) {
 
 	t.Run("ReadOwnAcks", func(t *testing.T) {
 		t.Parallel()
-		r, dev := authedRaw(t, env)
-		conv := name("c-own")
-		env.Group(t, conv, dev.User)
-		head := sendN(r, conv, 3)
+		r, _, conv, head := heldConv(t, env, 3)
 		r.send(wire.Request{T: wire.TAck, Conv: conv, Seq: head - 1})
 		r.send(wire.Request{T: wire.TConvs, Rid: "l"})
 		items := r.expect(wire.TConvsOK).Items
@@ -103,10 +109,7 @@ func TestHeldAcks(t *testing.T) {
 
 	t.Run("BadAckSparesHeldOne", func(t *testing.T) {
 		t.Parallel()
-		r, dev := authedRaw(t, env)
-		conv := name("c-bad")
-		env.Group(t, conv, dev.User)
-		head := sendN(r, conv, 2)
+		r, dev, conv, head := heldConv(t, env, 2)
 		r.send(wire.Request{T: wire.TAck, Conv: conv, Seq: head})     // held
 		r.send(wire.Request{T: wire.TAck, Conv: conv, Seq: head + 5}) // not given: at once, after the held one
 		r.expectError(wire.CursorAhead, "")
@@ -117,20 +120,12 @@ func TestHeldAcks(t *testing.T) {
 
 	t.Run("CloseHandsThemOver", func(t *testing.T) {
 		t.Parallel()
-		r, dev := authedRaw(t, env)
-		conv := name("c-close")
-		env.Group(t, conv, dev.User)
-		head := sendN(r, conv, 2)
+		r, dev, conv, head := heldConv(t, env, 2)
 		r.send(wire.Request{T: wire.TAck, Conv: conv, Seq: head})
 		r.ping()
 		closed := time.Now()
 		r.nc.Close()
-		testenv.CheckFor(t, 3*hold, 10*time.Millisecond, func() error {
-			if d := pgDelivered(t, env, dev.ID, conv); d != head {
-				return errors.New("not committed yet")
-			}
-			return nil
-		})
+		waitDelivered(t, env, dev.ID, conv, head, 3*hold)
 		if waited := time.Since(closed); waited > hold/2 {
 			t.Errorf("the held ack committed %v after the close: it waited for the hold", waited)
 		}
@@ -138,10 +133,7 @@ func TestHeldAcks(t *testing.T) {
 
 	t.Run("StaleInstall", func(t *testing.T) {
 		t.Parallel()
-		r, dev := authedRaw(t, env)
-		conv := name("c-stale")
-		env.Group(t, conv, dev.User)
-		head := sendN(r, conv, 2)
+		r, dev, conv, head := heldConv(t, env, 2)
 		if code := env.Admin(t, http.MethodPost, "/v1/devices/"+dev.ID+"/reinstall", nil, nil); code != http.StatusOK {
 			t.Fatalf("reinstall: %d", code)
 		}
