@@ -62,15 +62,22 @@ func (s *Session) holdAck(a cursor.Ack) {
 		s.held[a.Conv] = a
 	}
 	s.amu.Unlock()
+	// The redelivery scan counts it now (ack_coalesce may be longer than
+	// redelivery_delay): it can fail only as STALE_INSTALL, and then no
+	// hint is due to this connection anyway.
+	s.omu.Lock()
+	s.redelivery.acked(a.Conv, a.Seq)
+	s.omu.Unlock()
 	s.g.metrics.acksHeld.Inc()
 	if first {
 		s.g.held.add(s)
 	}
 }
 
-// flushAcks hands the held acks to the commit queue. If wg is not nil, it
-// is Done once for each of them when it committed or failed.
-func (s *Session) flushAcks(wg *sync.WaitGroup) {
+// flushAcks hands the held acks to the commit queue and says how many. If
+// wg is not nil, it is Done once for each of them when it committed or
+// failed.
+func (s *Session) flushAcks(wg *sync.WaitGroup) int {
 	s.amu.Lock()
 	held := s.held
 	s.held = nil
@@ -82,13 +89,16 @@ func (s *Session) flushAcks(wg *sync.WaitGroup) {
 		s.g.metrics.acksFlushed.Inc()
 		s.g.mergeAck(s, a, "", time.Time{}, wg)
 	}
+	return len(held)
 }
 
 // settleAcks flushes the held acks and waits (at most until ctx is done)
 // until they committed, so what the request reads next includes them.
 func (s *Session) settleAcks(ctx context.Context) {
 	var wg sync.WaitGroup
-	s.flushAcks(&wg)
+	if s.flushAcks(&wg) == 0 {
+		return
+	}
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
 	select {
