@@ -1528,6 +1528,12 @@ func (c *Client) flushAcks() {
 	if len(todo) == 0 {
 		return
 	}
+	if len(todo) > maxAcksPerFlush {
+		// The server queues at most 256 requests per connection (more are
+		// refused with RATE_LIMITED): the rest go one window later.
+		todo, reqs = todo[:maxAcksPerFlush], reqs[:maxAcksPerFlush]
+		defer c.wakeAcker()
+	}
 	// Without rid, in one write: the server answers only errors (logged by
 	// onFrame; STALE_INSTALL means this install no longer counts), and
 	// holds such acks (ack_coalesce), committing the newest of each
@@ -1539,3 +1545,6 @@ func (c *Client) flushAcks() {
 		a.cs.acked = max(a.cs.acked, a.seq)
 	}
 }
+
+// maxAcksPerFlush is how many acks flushAcks writes per AckDelay window.
+const maxAcksPerFlush = 100

@@ -1203,3 +1203,33 @@ func TestAutoAckAgainAfterReconnect(t *testing.T) {
 		return err == nil && r.Delivered == 2
 	})
 }
+
+// TestAutoAckManyConversationsAtOnce: more conversations move within one
+// AckDelay than the server queues requests per connection (256); AutoAck
+// spreads their acks over several windows, so none is refused.
+func TestAutoAckManyConversationsAtOnce(t *testing.T) {
+	leakCheckAtEnd(t)
+	env := parleytest.Start(t, parleytest.Config(t))
+	ana, ben := env.User(t, "ana", 1), env.User(t, "ben", 1)
+	const n = 300
+	for i := range n {
+		env.Group(t, fmt.Sprintf("g%d", i), "ana", "ben")
+	}
+	a := newClient(t, env.Addr, ana[0], newRecorder(), nil)
+	b := newClient(t, env.Addr, ben[0], newRecorder(), func(o *client.Options) {
+		o.AutoAck = true
+		o.AckDelay = 2 * time.Second // every conversation moves within one window
+	})
+	for i := range n {
+		if _, err := a.Send(testCtx(t), fmt.Sprintf("g%d", i), "m", []byte("hi")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range n {
+		conv := fmt.Sprintf("g%d", i)
+		eventually(t, 15*time.Second, conv+" acked at 2", func() bool {
+			r, err := b.Ack(testCtx(t), conv, 0)
+			return err == nil && r.Delivered == 2
+		})
+	}
+}
