@@ -72,6 +72,11 @@ func (s *Session) holdAck(a cursor.Ack) {
 	if first {
 		s.g.held.add(s)
 	}
+	if s.closed.Load() {
+		// Closed while this ack was handled: OnClose's flush may have
+		// run before it was held.
+		s.flushAcks(nil)
+	}
 }
 
 // flushAcks hands the held acks to the commit queue and says how many. If

@@ -53,6 +53,13 @@ func heldConv(t *testing.T, env *parleytest.Env, n int) (r *rawConn, dev parleyt
 	return r, dev, conv, head
 }
 
+// handled returns once the connection's requests sent so far were
+// handled: they run in order, and a ping would be answered at once.
+func handled(r *rawConn, conv string) {
+	r.send(wire.Request{T: wire.TSync, Rid: name("h"), Conv: conv})
+	r.expect(wire.TSyncOK)
+}
+
 // waitDelivered waits up to within for the cursor of (device, conv) in
 // PostgreSQL to be want.
 func waitDelivered(t *testing.T, env *parleytest.Env, device, conv string, want int64, within time.Duration) {
@@ -66,40 +73,41 @@ func waitDelivered(t *testing.T, env *parleytest.Env, device, conv string, want 
 }
 
 // TestHeldAcks: acks without rid of seqs the connection was given are
-// held for ack_coalesce and only the newest per conversation commits;
-// the connection still reads its own acks at once (convs, ack with rid),
-// a bad ack does not take a held good one down, and a connection that
-// closes hands its held acks over at once.
+// held and only the newest per conversation commits; the connection
+// still reads its own acks at once (convs, ack with rid), a bad ack does
+// not take a held good one down, and a connection that closes hands its
+// held acks over at once. The hold here is a minute, so nothing but
+// those commits them during the test (TestHeldAcksFlushEvery: the flush).
 func TestHeldAcks(t *testing.T) {
-	const hold = 700 * time.Millisecond
-	env := startEnv(t, func(c *config.Config) { c.AckCoalesce = hold })
+	env := startEnv(t, func(c *config.Config) { c.AckCoalesce = time.Minute })
 
-	t.Run("CommitsNewestAfterHold", func(t *testing.T) {
+	t.Run("HeldUntilRead", func(t *testing.T) {
 		t.Parallel()
 		r, dev, conv, head := heldConv(t, env, 5)
-		sent := time.Now()
 		for seq := int64(2); seq <= head; seq++ {
 			r.send(wire.Request{T: wire.TAck, Conv: conv, Seq: seq})
 		}
-		r.ping() // the acks were handled
-		if d := pgDelivered(t, env, dev.ID, conv); d != -1 && time.Since(sent) < hold/2 {
+		handled(r, conv)
+		time.Sleep(100 * time.Millisecond) // what an ack_linger would take
+		if d := pgDelivered(t, env, dev.ID, conv); d != -1 {
 			t.Fatalf("cursor %d in PostgreSQL right after rid-less acks: not held", d)
 		}
-		waitDelivered(t, env, dev.ID, conv, head, 3*hold)
 		if m, _ := r.nextWithin(100 * time.Millisecond); m.T != "" {
 			t.Fatalf("a held ack was answered: %+v", m)
 		}
-	})
-
-	t.Run("ReadOwnAcks", func(t *testing.T) {
-		t.Parallel()
-		r, _, conv, head := heldConv(t, env, 3)
-		r.send(wire.Request{T: wire.TAck, Conv: conv, Seq: head - 1})
 		r.send(wire.Request{T: wire.TConvs, Rid: "l"})
 		items := r.expect(wire.TConvsOK).Items
-		if len(items) != 1 || items[0].Delivered != head-1 {
-			t.Fatalf("convs right after a held ack: %+v, want delivered %d", items, head-1)
+		if len(items) != 1 || items[0].Delivered != head {
+			t.Fatalf("convs after held acks: %+v, want delivered %d", items, head)
 		}
+		if d := pgDelivered(t, env, dev.ID, conv); d != head {
+			t.Fatalf("cursor %d in PostgreSQL after convs, want %d", d, head)
+		}
+	})
+
+	t.Run("AckWithRidCarriesHeldOnes", func(t *testing.T) {
+		t.Parallel()
+		r, _, conv, head := heldConv(t, env, 3)
 		r.send(wire.Request{T: wire.TAck, Conv: conv, Seq: head})
 		r.send(wire.Request{T: wire.TAck, Rid: "a", Conv: conv, Seq: 1})
 		if m := r.expect(wire.TAckOK); m.Delivered != head {
@@ -122,13 +130,9 @@ func TestHeldAcks(t *testing.T) {
 		t.Parallel()
 		r, dev, conv, head := heldConv(t, env, 2)
 		r.send(wire.Request{T: wire.TAck, Conv: conv, Seq: head})
-		r.ping()
-		closed := time.Now()
+		handled(r, conv)
 		r.nc.Close()
-		waitDelivered(t, env, dev.ID, conv, head, 3*hold)
-		if waited := time.Since(closed); waited > hold/2 {
-			t.Errorf("the held ack committed %v after the close: it waited for the hold", waited)
-		}
+		waitDelivered(t, env, dev.ID, conv, head, 10*time.Second)
 	})
 
 	t.Run("StaleInstall", func(t *testing.T) {
@@ -137,11 +141,23 @@ func TestHeldAcks(t *testing.T) {
 		if code := env.Admin(t, http.MethodPost, "/v1/devices/"+dev.ID+"/reinstall", nil, nil); code != http.StatusOK {
 			t.Fatalf("reinstall: %d", code)
 		}
-		r.send(wire.Request{T: wire.TAck, Conv: conv, Seq: head}) // held, refused at the flush
+		r.send(wire.Request{T: wire.TAck, Conv: conv, Seq: head}) // held, refused when handed over
+		r.send(wire.Request{T: wire.TConvs, Rid: "l"})            // hands it over
 		r.expectError(wire.StaleInstall, "")
+		r.expect(wire.TConvsOK)
 		if d := pgDelivered(t, env, dev.ID, conv); d != -1 {
 			t.Fatalf("stale held ack wrote cursor %d", d)
 		}
 	})
 	assertServerHealthy(t, env)
+}
+
+// TestHeldAcksFlushEvery: held acks commit every ack_coalesce with no
+// other request to hand them over.
+func TestHeldAcksFlushEvery(t *testing.T) {
+	env := startEnv(t, func(c *config.Config) { c.AckCoalesce = 200 * time.Millisecond })
+	r, dev, conv, head := heldConv(t, env, 3)
+	r.send(wire.Request{T: wire.TAck, Conv: conv, Seq: head - 1})
+	r.send(wire.Request{T: wire.TAck, Conv: conv, Seq: head})
+	waitDelivered(t, env, dev.ID, conv, head, 5*time.Second)
 }
