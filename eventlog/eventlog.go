@@ -1,8 +1,9 @@
 // Package eventlog appends events to conversations and reads them back
 // gap-free. It joins the two halves of the write path: seqs come from
 // Redis (package seq), events are committed to PostgreSQL (package store)
-// in group-committed batches, and only then is the sender answered and the
-// event handed to fan-out.
+// in group-committed batches, and only then is the event handed to fan-out
+// and the sender answered (in that order, so one sender's messages reach
+// fan-out in the order it sent them).
 //
 // Reading (Sync) never lets a client skip an event: a page stops below the
 // first seq that has no committed row, and a seq left empty for longer
@@ -118,8 +119,8 @@ type pendingSend struct {
 }
 
 // New starts the group-commit workers. onCommit receives every committed
-// event, in commit batches, after its transaction committed; it must not
-// block for long (queue the work).
+// event, in commit batches, after its transaction committed and before its
+// sender is answered; it must not block for long (queue the work).
 func New(st *store.Store, seqs *seq.Allocator, cfg Config, log *slog.Logger, onCommit func([]Committed)) *Log {
 	l := &Log{st: st, seqs: seqs, cfg: cfg, log: log, onCommit: onCommit, now: time.Now,
 		members: memberCache{st: st, ttl: 5 * time.Second}}
@@ -211,7 +212,6 @@ func (l *Log) commitSends(items []*pendingSend) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	todo := items
-	var committed []Committed
 	for attempt := 0; len(todo) > 0; attempt++ {
 		if attempt == 5 {
 			for _, it := range todo {
@@ -232,6 +232,7 @@ func (l *Log) commitSends(items []*pendingSend) {
 			break
 		}
 		reseeded := map[string]bool{}
+		var committed []Committed
 		for i, r := range results {
 			it := todo[i]
 			if errors.Is(r.Err, store.ErrSeqTaken) {
@@ -244,7 +245,6 @@ func (l *Log) commitSends(items []*pendingSend) {
 				retry = append(retry, it)
 				continue
 			}
-			it.done(SendResult{Seq: r.Seq, Ts: r.Ts, Dup: r.Dup, Err: r.Err})
 			if r.Err == nil && !r.Dup {
 				m := msgs[i]
 				committed = append(committed, Committed{Device: it.msg.Device, Event: store.Event{
@@ -252,10 +252,18 @@ func (l *Log) commitSends(items []*pendingSend) {
 					Members: r.Members, Recipients: r.Recipients, HaveRecipients: r.HaveRecipients})
 			}
 		}
+		// Fan-out first, then the senders' answers: a sender that sends its
+		// next message on send_ok must not have it pushed before this one
+		// (both would be queued for fan-out in the wrong order).
+		if len(committed) > 0 && l.onCommit != nil {
+			l.onCommit(committed)
+		}
+		for i, r := range results {
+			if !errors.Is(r.Err, store.ErrSeqTaken) {
+				todo[i].done(SendResult{Seq: r.Seq, Ts: r.Ts, Dup: r.Dup, Err: r.Err})
+			}
+		}
 		todo = retry
-	}
-	if len(committed) > 0 && l.onCommit != nil {
-		l.onCommit(committed)
 	}
 }
 
