@@ -348,9 +348,13 @@ func (g *Gateway) convs(ctx context.Context, s *Session, req *wire.Request) {
 			}
 		}()
 	}
+	s.omu.Lock() // one lock for the page (know)
+	for _, it := range items {
+		s.knowLocked(it.Conv, it.Head)
+	}
+	s.omu.Unlock()
 	out := wire.ConvsOK{T: wire.TConvsOK, Rid: req.Rid, More: more, Items: make([]wire.ConvItem, len(items))}
 	for i, it := range items {
-		s.know(it.Conv, it.Head)
 		out.Items[i] = wire.ConvItem{Conv: it.Conv, Kind: it.Kind, Title: it.Title,
 			Mode: fanout.Mode(it.Members, g.cfg.WriteFanoutMax, g.cfg.OnlineFanoutMax), Epoch: it.Epoch, Head: it.Head,
 			MinSeq: it.MinSeq, Delivered: it.Delivered, Read: it.Read, Unread: it.Unread, LastTs: it.LastTs}
@@ -396,6 +400,13 @@ func (g *Gateway) snapshot(ctx context.Context, s *Session, req *wire.Request) {
 		g.answer(s, req, err, nil)
 		return
 	}
+	s.omu.Lock() // know: acks after a reconnect's snapshot take the cheap path
+	for _, it := range items {
+		if it.Err == nil {
+			s.knowLocked(it.Conv, it.Head)
+		}
+	}
+	s.omu.Unlock()
 	out := wire.SnapshotOK{T: wire.TSnapshotOK, Rid: req.Rid, Items: make([]wire.SnapshotItem, len(items))}
 	for i, it := range items {
 		wi := wire.SnapshotItem{Conv: it.Conv, Head: it.Head, Read: it.Read, Unread: it.Unread, Skipped: it.Skipped,

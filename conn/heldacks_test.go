@@ -135,6 +135,26 @@ func TestHeldAcks(t *testing.T) {
 		waitDelivered(t, env, dev.ID, conv, head, 10*time.Second)
 	})
 
+	t.Run("AfterSnapshot", func(t *testing.T) {
+		t.Parallel()
+		_, dev, conv, head := heldConv(t, env, 2)
+		r := dialRaw(t, env) // a new connection: it was given nothing yet
+		r.auth(dev)
+		r.send(wire.Request{T: wire.TSnapshot, Rid: "s", Convs: []wire.ConvAfter{{Conv: conv}}})
+		if items := r.expect(wire.TSnapshotOK).Items; len(items) != 1 || items[0].Head != head {
+			t.Fatalf("snapshot: %+v", items)
+		}
+		r.send(wire.Request{T: wire.TAck, Conv: conv, Seq: head}) // its head was given: held
+		handled(r, conv)
+		if d := pgDelivered(t, env, dev.ID, conv); d != -1 {
+			t.Fatalf("cursor %d right after an ack of a snapshot's head: not held", d)
+		}
+		r.send(wire.Request{T: wire.TConvs, Rid: "l"})
+		if items := r.expect(wire.TConvsOK).Items; len(items) != 1 || items[0].Delivered != head {
+			t.Fatalf("convs: %+v, want delivered %d", items, head)
+		}
+	})
+
 	t.Run("StaleInstall", func(t *testing.T) {
 		t.Parallel()
 		r, dev, conv, head := heldConv(t, env, 2)

@@ -56,9 +56,10 @@ type Session struct {
 
 	redelivery redelivery // guarded by omu
 	// known: conv -> the newest seq this connection was pushed or given
-	// (send_ok, sync, convs). Guarded by omu. Such a seq is committed and
-	// the user is, or was, a member, so an ack up to it needs neither the
-	// membership nor the head check in PostgreSQL (see Gateway.ack).
+	// (send_ok, sync, convs, snapshot). Guarded by omu. Such a seq is
+	// committed and the user is, or was, a member, so an ack up to it
+	// needs neither the membership nor the head check in PostgreSQL (see
+	// Gateway.ack), and one without rid is held (heldacks.go).
 	known map[string]int64
 
 	// held: conv -> the newest rid-less ack held for ack_coalesce
