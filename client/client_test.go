@@ -1134,18 +1134,28 @@ func TestResyncSnapshotsOnceAndSyncsOnlyChanged(t *testing.T) {
 	c.Close()
 }
 
-// AutoAck acks every conversation whose cursor moved, several at a time
-// (more than ackWindow here): each delivery cursor ends at its head.
+// AutoAck acks every conversation whose cursor moved, several at once:
+// each delivery cursor ends at its head.
 func TestAutoAckAcksManyConversations(t *testing.T) {
+	autoAckConversations(t, 20, 0, 10*time.Second)
+}
+
+// autoAckConversations: ana sends one message to each of n groups with
+// ben, whose client AutoAcks (with ackDelay, 0: the default); every one
+// of ben's cursors must reach 2 within (each).
+func autoAckConversations(t *testing.T, n int, ackDelay, within time.Duration) {
+	t.Helper()
 	leakCheckAtEnd(t)
 	env := parleytest.Start(t, parleytest.Config(t))
 	ana, ben := env.User(t, "ana", 1), env.User(t, "ben", 1)
-	const n = 20
 	for i := range n {
 		env.Group(t, fmt.Sprintf("g%d", i), "ana", "ben")
 	}
 	a := newClient(t, env.Addr, ana[0], newRecorder(), nil)
-	b := newClient(t, env.Addr, ben[0], newRecorder(), func(o *client.Options) { o.AutoAck = true })
+	b := newClient(t, env.Addr, ben[0], newRecorder(), func(o *client.Options) {
+		o.AutoAck = true
+		o.AckDelay = ackDelay
+	})
 	for i := range n {
 		if _, err := a.Send(testCtx(t), fmt.Sprintf("g%d", i), "m", []byte("hi")); err != nil {
 			t.Fatal(err)
@@ -1153,7 +1163,7 @@ func TestAutoAckAcksManyConversations(t *testing.T) {
 	}
 	for i := range n {
 		conv := fmt.Sprintf("g%d", i)
-		eventually(t, 10*time.Second, conv+" acked at 2", func() bool {
+		eventually(t, within, conv+" acked at 2", func() bool {
 			r, err := b.Ack(testCtx(t), conv, 0)
 			return err == nil && r.Delivered == 2
 		})
@@ -1208,28 +1218,6 @@ func TestAutoAckAgainAfterReconnect(t *testing.T) {
 // AckDelay than the server queues requests per connection (256); AutoAck
 // spreads their acks over several windows, so none is refused.
 func TestAutoAckManyConversationsAtOnce(t *testing.T) {
-	leakCheckAtEnd(t)
-	env := parleytest.Start(t, parleytest.Config(t))
-	ana, ben := env.User(t, "ana", 1), env.User(t, "ben", 1)
-	const n = 300
-	for i := range n {
-		env.Group(t, fmt.Sprintf("g%d", i), "ana", "ben")
-	}
-	a := newClient(t, env.Addr, ana[0], newRecorder(), nil)
-	b := newClient(t, env.Addr, ben[0], newRecorder(), func(o *client.Options) {
-		o.AutoAck = true
-		o.AckDelay = 2 * time.Second // every conversation moves within one window
-	})
-	for i := range n {
-		if _, err := a.Send(testCtx(t), fmt.Sprintf("g%d", i), "m", []byte("hi")); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for i := range n {
-		conv := fmt.Sprintf("g%d", i)
-		eventually(t, 15*time.Second, conv+" acked at 2", func() bool {
-			r, err := b.Ack(testCtx(t), conv, 0)
-			return err == nil && r.Delivered == 2
-		})
-	}
+	// A 2 s window: every conversation moves within one.
+	autoAckConversations(t, 300, 2*time.Second, 15*time.Second)
 }
