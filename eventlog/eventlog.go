@@ -76,6 +76,9 @@ type Config struct {
 	// BeforeLeave, if set, runs before a leave commits (fan-out removes
 	// the leaver's devices from the conversation's online index).
 	BeforeLeave func(ctx context.Context, conv, user string) error
+	// MemberTTL is how old, at most, the answer of the membership check
+	// before a send's seq is allocated may be (memberCache); 0 means 5s.
+	MemberTTL time.Duration
 }
 
 // Stages observe, in seconds: how long each send waited for a commit
@@ -96,7 +99,7 @@ type Log struct {
 	now      func() time.Time
 
 	sends   *batch.Batcher[*pendingSend]
-	members memberCache
+	members *memberCache
 
 	// Seqs of failed sends that could not be recorded as holes yet
 	// (PostgreSQL was down); fenceLoop retries them.
@@ -122,12 +125,20 @@ type pendingSend struct {
 // event, in commit batches, after its transaction committed and before its
 // sender is answered; it must not block for long (queue the work).
 func New(st *store.Store, seqs *seq.Allocator, cfg Config, log *slog.Logger, onCommit func([]Committed)) *Log {
+	ttl := cfg.MemberTTL
+	if ttl <= 0 {
+		ttl = 5 * time.Second
+	}
 	l := &Log{st: st, seqs: seqs, cfg: cfg, log: log, onCommit: onCommit, now: time.Now,
-		members: memberCache{st: st, ttl: 5 * time.Second}}
+		members: newMemberCache(st, ttl)}
 	l.sends = batch.New(cfg.CommitWorkers, cfg.CommitBatch, cfg.CommitBatch*cfg.CommitWorkers*4, cfg.CommitLinger, l.allocate, l.commitSends, cfg.BatchSizes, cfg.Stages.Queue)
 	l.stop = make(chan struct{})
-	l.wg.Add(1)
+	l.wg.Add(2)
 	go l.fenceLoop()
+	go func() {
+		defer l.wg.Done()
+		l.members.refreshLoop(l.stop)
+	}()
 	return l
 }
 

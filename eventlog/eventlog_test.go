@@ -2,6 +2,7 @@ package eventlog_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -20,32 +21,18 @@ import (
 // send_ok would otherwise race its own messages through fan-out, and
 // members could be pushed them out of order.
 func TestSendFansOutBeforeAnswering(t *testing.T) {
-	env := parleytest.Start(t, parleytest.Config(t))
-	env.User(t, "ana", 1)
-	env.Group(t, "g", "ana")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	st, err := store.Open(ctx, env.Cfg.PostgresURL, 4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	rdb := parleytest.RedisClient(t, env.Cfg)
-	if err := scripts.Load(ctx, rdb); err != nil {
-		t.Fatal(err)
-	}
 	var mu sync.Mutex
 	fanned := map[int64]bool{}
-	l := eventlog.New(st, seq.New(rdb, env.Cfg.RedisPrefix, st.Head),
-		eventlog.Config{HoleTimeout: time.Second, CommitBatch: 16, CommitWorkers: 4, CommitLinger: time.Millisecond},
-		slog.New(slog.DiscardHandler), func(evs []eventlog.Committed) {
-			mu.Lock()
-			for _, e := range evs {
-				fanned[e.Seq] = true
-			}
-			mu.Unlock()
-		})
-	defer l.Close()
+	_, newLog := logs(ctx, t, "ana")
+	l := newLog(eventlog.Config{CommitBatch: 16, CommitWorkers: 4}, func(evs []eventlog.Committed) {
+		mu.Lock()
+		for _, e := range evs {
+			fanned[e.Seq] = true
+		}
+		mu.Unlock()
+	})
 	const n = 200
 	var wg sync.WaitGroup
 	errs := make(chan error, n)
@@ -67,5 +54,98 @@ func TestSendFansOutBeforeAnswering(t *testing.T) {
 	close(errs)
 	for err := range errs {
 		t.Fatal(err)
+	}
+}
+
+// logs starts a server's services with users members of group "g", and
+// returns its store and a constructor of event logs over them (each one
+// as another process's would be), closed when the test ends.
+func logs(ctx context.Context, t *testing.T, members ...string) (*store.Store, func(eventlog.Config, func([]eventlog.Committed)) *eventlog.Log) {
+	env := parleytest.Start(t, parleytest.Config(t))
+	for _, u := range members {
+		env.User(t, u, 1)
+	}
+	env.Group(t, "g", members...)
+	st, err := store.Open(ctx, env.Cfg.PostgresURL, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	rdb := parleytest.RedisClient(t, env.Cfg)
+	if err := scripts.Load(ctx, rdb); err != nil {
+		t.Fatal(err)
+	}
+	return st, func(cfg eventlog.Config, onCommit func([]eventlog.Committed)) *eventlog.Log {
+		cfg.HoleTimeout, cfg.CommitLinger = time.Second, time.Millisecond
+		l := eventlog.New(st, seq.New(rdb, env.Cfg.RedisPrefix, st.Head), cfg, slog.New(slog.DiscardHandler), onCommit)
+		t.Cleanup(l.Close)
+		return l
+	}
+}
+
+// send sends one message and waits for its result.
+func send(ctx context.Context, l *eventlog.Log, user, cmid string) eventlog.SendResult {
+	res := make(chan eventlog.SendResult, 1)
+	l.Send(ctx, eventlog.Message{Conv: "g", Sender: user, Cmid: cmid, Body: []byte("m")}, func(r eventlog.SendResult) { res <- r })
+	return <-res
+}
+
+// TestMemberCacheRefreshedInBackground: the membership check before a
+// send's seq is allocated is cached for MemberTTL, and a sender who keeps
+// sending never waits for it again: used entries are looked up again in
+// the background before they expire. Answers stay at most MemberTTL old:
+// a member removed by another process is refused before a seq is
+// allocated once that long has passed, and an entry nobody used expires.
+func TestMemberCacheRefreshedInBackground(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const ttl = 600 * time.Millisecond
+	st, newLog := logs(ctx, t, "ana", "bob")
+	cfg := eventlog.Config{CommitBatch: 16, CommitWorkers: 2, MemberTTL: ttl}
+	l, other := newLog(cfg, nil), newLog(cfg, nil)
+
+	// ana sends every 20 ms for four TTLs: only her first send waits.
+	for i := range 120 {
+		if r := send(ctx, l, "ana", fmt.Sprint("a", i)); r.Err != nil {
+			t.Fatal(r.Err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if waited, refreshed := l.MemberLookups(); waited != 1 || refreshed < 2 {
+		t.Fatalf("ana's sends waited for %d membership lookups (want 1), %d were made in the background (want >= 2)", waited, refreshed)
+	}
+
+	// bob, removed by the other process, keeps sending: his commits fail
+	// (the commit checks membership itself) and, within a TTL, so does
+	// the check before allocation, which then allocates nothing.
+	if r := send(ctx, l, "bob", "b0"); r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	if _, err := other.RemoveMember(ctx, "g", "", "", "bob"); err != nil {
+		t.Fatal(err)
+	}
+	for end, i := time.Now().Add(ttl+100*time.Millisecond), 1; time.Now().Before(end); i++ {
+		send(ctx, l, "bob", fmt.Sprint("b", i))
+		time.Sleep(20 * time.Millisecond)
+	}
+	head, err := st.Head(ctx, "g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := send(ctx, l, "bob", "b-last"); !errors.Is(r.Err, store.ErrNotMember) {
+		t.Fatalf("bob's send more than a TTL after his removal: %+v, want NOT_MEMBER", r)
+	}
+	if after, err := st.Head(ctx, "g"); err != nil || after != head {
+		t.Fatalf("refused send moved head %d -> %d (%v)", head, after, err)
+	}
+
+	// ana's entry, unused for two TTLs, expired: her next send waits.
+	time.Sleep(2 * ttl)
+	waited, _ := l.MemberLookups()
+	if r := send(ctx, l, "ana", "a-last"); r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	if now, _ := l.MemberLookups(); now != waited+1 {
+		t.Fatalf("ana's send after two idle TTLs waited for %d lookups, want 1", now-waited)
 	}
 }

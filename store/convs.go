@@ -200,6 +200,22 @@ func (s *Store) IsCurrentMember(ctx context.Context, conv, user string) (bool, e
 	return ok, err
 }
 
+// AreCurrentMembers reports, for each i, whether users[i] is a member of
+// convs[i] now, in one statement.
+func (s *Store) AreCurrentMembers(ctx context.Context, convs, users []string) ([]bool, error) {
+	rows, err := s.pool.Query(ctx, `SELECT EXISTS (SELECT 1 FROM membership_periods m
+			WHERE m.conv_id = u.conv AND m.user_id = u.usr AND m.to_seq IS NULL)
+		FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS u(conv, usr, i) ORDER BY u.i`, convs, users)
+	if err != nil {
+		return nil, err
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[bool])
+	if err == nil && len(out) != len(convs) {
+		err = fmt.Errorf("store: %d membership answers for %d questions", len(out), len(convs))
+	}
+	return out, err
+}
+
 // Head returns the conversation's highest committed seq, or ErrNotFound.
 func (s *Store) Head(ctx context.Context, conv string) (int64, error) {
 	var head int64
