@@ -3,6 +3,8 @@ package conn
 import (
 	"sync"
 	"time"
+
+	"github.com/parley-im/parley/internal/periodic"
 )
 
 // coalescer holds the sessions whose outbox has coalesced pushes (big
@@ -39,16 +41,9 @@ func (c *coalescer) flush() {
 }
 
 // every runs f every period until the gateway stops, and once more then.
+// Its phase is 0: fan-out's dense_seq advance and the event log's
+// membership refresh run at other phases of their periods.
 func (g *Gateway) every(period time.Duration, f func()) {
-	t := time.NewTicker(period)
-	defer t.Stop()
-	for {
-		select {
-		case <-t.C:
-			f()
-		case <-g.stopping:
-			f()
-			return
-		}
-	}
+	periodic.Run(g.stopping, period, 0, f)
+	f()
 }

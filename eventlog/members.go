@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/parley-im/parley/internal/periodic"
 	"github.com/parley-im/parley/store"
 )
 
@@ -86,20 +87,15 @@ func (m *memberCache) forget(user, conv string) {
 // entry is looked up again once or twice before it would expire.
 func (m *memberCache) refreshEvery() time.Duration { return max(m.ttl/5, time.Millisecond) }
 
-// refreshLoop refreshes the cache every refreshEvery until stop closes.
+// refreshLoop refreshes the cache every refreshEvery until stop closes,
+// a quarter period out of phase with the other background jobs (package
+// periodic).
 func (m *memberCache) refreshLoop(stop <-chan struct{}) {
-	t := time.NewTicker(m.refreshEvery())
-	defer t.Stop()
-	for {
-		select {
-		case <-stop:
-			return
-		case <-t.C:
-			ctx, cancel := context.WithTimeout(context.Background(), m.ttl)
-			m.refresh(ctx)
-			cancel()
-		}
-	}
+	periodic.Run(stop, m.refreshEvery(), 0.25, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), m.ttl)
+		m.refresh(ctx)
+		cancel()
+	})
 }
 
 // refresh drops expired entries and looks up again, in one statement,
