@@ -20,7 +20,6 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"runtime"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -31,16 +30,6 @@ import (
 )
 
 func main() {
-	// At least two Ps, as parleyd has, even when pinned to one core
-	// (taskset leaves GOMAXPROCS at 1): with one P, a goroutine in a
-	// write syscall holds it, and replies that arrive meanwhile wait to
-	// be read and timed, so the tool's own queueing counted as server
-	// latency. Measured at 10,000 sends/s (docs/loadtest.md): send_ok
-	// p99 was lower in 6 of 8 interleaved pairs (median of the last 5:
-	// 17.3 against 24.4 ms).
-	if runtime.GOMAXPROCS(0) < 2 && os.Getenv("GOMAXPROCS") == "" {
-		runtime.GOMAXPROCS(2)
-	}
 	os.Exit(run(os.Args[1:]))
 }
 
