@@ -42,7 +42,7 @@ func (c *coalescer) flush() {
 
 // every runs f every period until the gateway stops, and once more then.
 // Its phase is 0: fan-out's dense_seq advance and the event log's
-// membership refresh run at other phases of their periods.
+// membership refresh run at other phases (fanout.New, memberCache).
 func (g *Gateway) every(period time.Duration, f func()) {
 	periodic.Run(g.stopping, period, 0, f)
 	f()

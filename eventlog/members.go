@@ -108,10 +108,11 @@ func (m *memberCache) forget(user, conv string) {
 func (m *memberCache) refreshEvery() time.Duration { return max(m.ttl/5, time.Millisecond) }
 
 // refreshLoop refreshes the cache every refreshEvery until stop closes,
-// a quarter period out of phase with the other background jobs (package
-// periodic).
+// at three quarters of its period, away from the gateway's held-ack
+// flushes and fan-out's dense_seq advance with the default settings
+// (package periodic).
 func (m *memberCache) refreshLoop(stop <-chan struct{}) {
-	periodic.Run(stop, m.refreshEvery(), 0.25, func() {
+	periodic.Run(stop, m.refreshEvery(), 0.75, func() {
 		ctx, cancel := context.WithTimeout(context.Background(), m.ttl)
 		m.refresh(ctx)
 		cancel()

@@ -84,6 +84,9 @@ type Fanout struct {
 	dmu   sync.Mutex
 	dirty map[string]bool
 	stop  chan struct{}
+	// advancePhase: where in each second advanceLoop runs (package
+	// periodic), away from the gateway's held-ack flushes.
+	advancePhase float64
 
 	// Frames for users' devices (ToUser), batched by notifyLoop so that
 	// one pipelined route lookup serves every frame queued meanwhile.
@@ -92,11 +95,19 @@ type Fanout struct {
 	closeOnce sync.Once
 }
 
-// New starts workers delivery goroutines.
-func New(st *store.Store, routes *route.Table, bus *Bus, local Local, rows *Rows, writeMax, onlineMax int, log *slog.Logger, reg prometheus.Registerer, workers int) *Fanout {
+// New starts workers delivery goroutines. ackFlush is the gateway's held-ack
+// flush period (config ack_coalesce, 0 if acks are not held): the
+// dense_seq advance, once a second, runs half of it (of a second at most)
+// after a flush, so that for a period that divides a second (1s, the
+// default, 500ms, 200ms, …) or is a whole number of seconds the two never
+// reach PostgreSQL together.
+func New(st *store.Store, routes *route.Table, bus *Bus, local Local, rows *Rows, writeMax, onlineMax int, log *slog.Logger, reg prometheus.Registerer, workers int, ackFlush time.Duration) *Fanout {
+	if ackFlush <= 0 || ackFlush > time.Second {
+		ackFlush = time.Second
+	}
 	f := &Fanout{st: st, routes: routes, bus: bus, local: local, rows: rows, writeMax: writeMax, onlineMax: onlineMax, log: log,
-		metrics: newFanoutMetrics(reg),
-		dirty:   map[string]bool{}, stop: make(chan struct{}), notes: make(chan userFrame, 4096)}
+		metrics: newFanoutMetrics(reg), advancePhase: ackFlush.Seconds() / 2,
+		dirty: map[string]bool{}, stop: make(chan struct{}), notes: make(chan userFrame, 4096)}
 	f.wg.Add(workers)
 	for i := 0; i < workers; i++ {
 		q := make(chan []eventlog.Committed, 4096/workers+1)
@@ -153,12 +164,12 @@ func (f *Fanout) markDirty(evs []eventlog.Committed) {
 	f.dmu.Unlock()
 }
 
-// advanceLoop advances every second, half a second out of phase with the
-// gateway's held-ack flush (package periodic): when both hit PostgreSQL
+// advanceLoop advances every second at advancePhase, between the
+// gateway's held-ack flushes (package periodic): when both hit PostgreSQL
 // at once, inserts committing then took up to 20 ms.
 func (f *Fanout) advanceLoop() {
 	defer f.wg.Done()
-	periodic.Run(f.stop, time.Second, 0.5, f.advance)
+	periodic.Run(f.stop, time.Second, f.advancePhase, f.advance)
 	f.advance()
 }
 

@@ -209,7 +209,7 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Server, e
 		Notify: func(ctx context.Context, user, except string, frame []byte) error {
 			return fan.ToUser(ctx, user, except, frame)
 		}}, log, s.reg)
-	fan = fanout.New(s.st, s.routes, s.bus, s.gw, s.rows, cfg.WriteFanoutMax, cfg.OnlineFanoutMax, log, s.reg, 4)
+	fan = fanout.New(s.st, s.routes, s.bus, s.gw, s.rows, cfg.WriteFanoutMax, cfg.OnlineFanoutMax, log, s.reg, 4, cfg.AckCoalesce)
 	s.fan = fan
 	if s.ps, err = s.bus.Subscribe(ctx); err != nil {
 		return nil, err
