@@ -79,6 +79,16 @@ type Config struct {
 	// MemberTTL is how old, at most, the answer of the membership check
 	// before a send's seq is allocated may be (memberCache); 0 means 5s.
 	MemberTTL time.Duration
+	// MemberLookups, if set, count that check's PostgreSQL lookups.
+	MemberLookups MemberLookups
+}
+
+// MemberLookups count the PostgreSQL lookups of the membership check
+// before a send's seq is allocated: the ones a send waited for (Waited: a
+// sender not seen within MemberTTL) and the ones made in the background
+// for senders who keep sending (Refreshed). Nil fields are not counted.
+type MemberLookups struct {
+	Waited, Refreshed interface{ Add(float64) }
 }
 
 // Stages observe, in seconds: how long each send waited for a commit
@@ -130,7 +140,7 @@ func New(st *store.Store, seqs *seq.Allocator, cfg Config, log *slog.Logger, onC
 		ttl = 5 * time.Second
 	}
 	l := &Log{st: st, seqs: seqs, cfg: cfg, log: log, onCommit: onCommit, now: time.Now,
-		members: newMemberCache(st, ttl)}
+		members: newMemberCache(st, ttl, cfg.MemberLookups)}
 	l.sends = batch.New(cfg.CommitWorkers, cfg.CommitBatch, cfg.CommitBatch*cfg.CommitWorkers*4, cfg.CommitLinger, l.allocate, l.commitSends, cfg.BatchSizes, cfg.Stages.Queue)
 	l.stop = make(chan struct{})
 	l.wg.Add(2)

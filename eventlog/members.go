@@ -37,9 +37,10 @@ type memberCache struct {
 	// expires, and is replaced or dropped by the next lookup of its key).
 	used map[memberKey]struct{}
 
-	// Lookups made on a send's path (a miss) and by refresh, read by
-	// tests (export_test.go).
+	// Lookups made on a send's path (a miss) and by refresh: counted for
+	// tests (export_test.go) and, if set, for metrics (counts).
 	waited, refreshed atomic.Int64
+	counts            MemberLookups
 }
 
 type memberKey struct{ user, conv string }
@@ -51,8 +52,8 @@ type memberEntry struct {
 
 const memberCacheMax = 200000
 
-func newMemberCache(st *store.Store, ttl time.Duration) *memberCache {
-	return &memberCache{st: st, ttl: ttl, entries: map[memberKey]*memberEntry{}, used: map[memberKey]struct{}{}}
+func newMemberCache(st *store.Store, ttl time.Duration, counts MemberLookups) *memberCache {
+	return &memberCache{st: st, ttl: ttl, entries: map[memberKey]*memberEntry{}, used: map[memberKey]struct{}{}, counts: counts}
 }
 
 func (m *memberCache) isMember(ctx context.Context, user, conv string) (bool, error) {
@@ -69,6 +70,9 @@ func (m *memberCache) isMember(ctx context.Context, user, conv string) (bool, er
 	}
 	m.mu.Unlock()
 	m.waited.Add(1)
+	if m.counts.Waited != nil {
+		m.counts.Waited.Add(1)
+	}
 	member, err := m.st.IsCurrentMember(ctx, conv, user)
 	if err != nil || !member {
 		return false, err
@@ -158,6 +162,9 @@ func (m *memberCache) refreshKeys(ctx context.Context, keys []memberKey) {
 		return
 	}
 	m.refreshed.Add(int64(len(keys)))
+	if m.counts.Refreshed != nil {
+		m.counts.Refreshed.Add(float64(len(keys)))
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for i, k := range keys {

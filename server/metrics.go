@@ -17,6 +17,8 @@ type storeMetrics struct {
 	batchSizes  *prometheus.HistogramVec
 	stages      *prometheus.HistogramVec
 	redisErrors *prometheus.CounterVec
+	// The membership check before a send's seq is allocated (eventlog).
+	memberLookups *prometheus.CounterVec
 }
 
 func newStoreMetrics(reg prometheus.Registerer) storeMetrics {
@@ -31,8 +33,11 @@ func newStoreMetrics(reg prometheus.Registerer) storeMetrics {
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 14)}, []string{"kind", "stage"}),
 		redisErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "parley_redis_errors_total",
 			Help: "Redis commands that failed (not counting nil replies), by kind: cmd or pipeline."}, []string{"kind"}),
+		memberLookups: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "parley_membership_lookups_total",
+			Help: "PostgreSQL lookups of the membership check before a send's seq is allocated, by path: " +
+				"send (a send waited for it) or refresh (made in the background for senders who keep sending)."}, []string{"path"}),
 	}
-	reg.MustRegister(m.batchSizes, m.stages, m.redisErrors)
+	reg.MustRegister(m.batchSizes, m.stages, m.redisErrors, m.memberLookups)
 	return m
 }
 

@@ -198,7 +198,9 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Server, e
 	sends := sm.commitMetrics("send")
 	s.events = eventlog.New(s.st, seqs, eventlog.Config{HoleTimeout: cfg.HoleTimeout, CommitBatch: cfg.CommitBatch, CommitWorkers: cfg.CommitWorkers, CommitLinger: cfg.CommitLinger,
 		RecipientsBelow: cfg.WriteFanoutMax, BatchSizes: sends.Sizes,
-		Stages:      eventlog.Stages{Queue: sends.Queue, Seq: sends.Redis, Insert: sends.Postgres},
+		Stages: eventlog.Stages{Queue: sends.Queue, Seq: sends.Redis, Insert: sends.Postgres},
+		MemberLookups: eventlog.MemberLookups{Waited: sm.memberLookups.WithLabelValues("send"),
+			Refreshed: sm.memberLookups.WithLabelValues("refresh")},
 		BeforeLeave: func(ctx context.Context, conv, user string) error { return fan.BeforeLeave(ctx, conv, user) }},
 		log, func(evs []eventlog.Committed) { fan.Enqueue(evs) })
 	s.gw = conn.New(s.cfg, conn.Deps{Store: s.st, Log: s.events, Cursors: s.cursors, Routes: s.routes, Bus: s.bus, Rows: s.rows,

@@ -89,4 +89,9 @@ func TestSmokeSendPushSyncAck(t *testing.T) {
 	if err != nil || !dup.Dup || dup.Seq != 2 {
 		t.Fatalf("dup send = %+v, %v", dup, err)
 	}
+	// ana's first send looked her membership up; the second was answered
+	// from the cache (a background refresh may have counted one more).
+	if n := env.Srv.MetricSum("parley_membership_lookups_total"); n < 1 || n > 2 {
+		t.Fatalf("parley_membership_lookups_total = %v, want 1 (or 2 with a refresh)", n)
+	}
 }
