@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -101,8 +102,12 @@ func TestMemberCacheRefreshedInBackground(t *testing.T) {
 	defer cancel()
 	const ttl = 600 * time.Millisecond
 	st, newLog := logs(ctx, t, "ana", "bob")
+	var waitedC, refreshedC counter
 	cfg := eventlog.Config{CommitBatch: 16, CommitWorkers: 2, MemberTTL: ttl}
-	l, other := newLog(cfg, nil), newLog(cfg, nil)
+	other := newLog(cfg, nil)
+	cfg.MemberLookups = eventlog.MemberLookups{Waited: &waitedC, Refreshed: &refreshedC}
+	l := newLog(cfg, nil)
+	lookups := func() (waited, refreshed int64) { return waitedC.n.Load(), refreshedC.n.Load() }
 
 	// ana sends every 20 ms for four TTLs: only her first send waits.
 	for i := range 120 {
@@ -111,7 +116,7 @@ func TestMemberCacheRefreshedInBackground(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if waited, refreshed := l.MemberLookups(); waited != 1 || refreshed < 2 {
+	if waited, refreshed := lookups(); waited != 1 || refreshed < 2 {
 		t.Fatalf("ana's sends waited for %d membership lookups (want 1), %d were made in the background (want >= 2)", waited, refreshed)
 	}
 
@@ -141,11 +146,16 @@ func TestMemberCacheRefreshedInBackground(t *testing.T) {
 
 	// ana's entry, unused for two TTLs, expired: her next send waits.
 	time.Sleep(2 * ttl)
-	waited, _ := l.MemberLookups()
+	waited, _ := lookups()
 	if r := send(ctx, l, "ana", "a-last"); r.Err != nil {
 		t.Fatal(r.Err)
 	}
-	if now, _ := l.MemberLookups(); now != waited+1 {
+	if now, _ := lookups(); now != waited+1 {
 		t.Fatalf("ana's send after two idle TTLs waited for %d lookups, want 1", now-waited)
 	}
 }
+
+// counter counts what an eventlog.MemberLookups field is given.
+type counter struct{ n atomic.Int64 }
+
+func (c *counter) Add(v float64) { c.n.Add(int64(v)) }

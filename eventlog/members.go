@@ -3,7 +3,6 @@ package eventlog
 import (
 	"context"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/parley-im/parley/internal/periodic"
@@ -37,10 +36,7 @@ type memberCache struct {
 	// expires, and is replaced or dropped by the next lookup of its key).
 	used map[memberKey]struct{}
 
-	// Lookups made on a send's path (a miss) and by refresh: counted for
-	// tests (export_test.go) and, if set, for metrics (counts).
-	waited, refreshed atomic.Int64
-	counts            MemberLookups
+	counts MemberLookups // lookups made on a send's path and by refresh
 }
 
 type memberKey struct{ user, conv string }
@@ -69,12 +65,11 @@ func (m *memberCache) isMember(ctx context.Context, user, conv string) (bool, er
 		return true, nil
 	}
 	m.mu.Unlock()
-	m.waited.Add(1)
 	if m.counts.Waited != nil {
 		m.counts.Waited.Add(1)
 	}
-	member, err := m.st.IsCurrentMember(ctx, conv, user)
-	if err != nil || !member {
+	member, err := m.st.AreCurrentMembers(ctx, []string{conv}, []string{user})
+	if err != nil || !member[0] {
 		return false, err
 	}
 	m.mu.Lock()
@@ -161,7 +156,6 @@ func (m *memberCache) refreshKeys(ctx context.Context, keys []memberKey) {
 	if err != nil {
 		return
 	}
-	m.refreshed.Add(int64(len(keys)))
 	if m.counts.Refreshed != nil {
 		m.counts.Refreshed.Add(float64(len(keys)))
 	}

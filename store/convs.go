@@ -192,14 +192,6 @@ func (s *Store) ConversationByID(ctx context.Context, id string) (Conversation, 
 	return c, err
 }
 
-// IsCurrentMember reports whether user is a member of conv now.
-func (s *Store) IsCurrentMember(ctx context.Context, conv, user string) (bool, error) {
-	var ok bool
-	err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM membership_periods WHERE conv_id = $1 AND user_id = $2 AND to_seq IS NULL)`,
-		conv, user).Scan(&ok)
-	return ok, err
-}
-
 // AreCurrentMembers reports, for each i, whether users[i] is a member of
 // convs[i] now, in one statement.
 func (s *Store) AreCurrentMembers(ctx context.Context, convs, users []string) ([]bool, error) {
