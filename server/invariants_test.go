@@ -48,11 +48,11 @@ func syncAll(t *testing.T, c *client.Conn, conv string, after int64) ([]wire.Eve
 	return nil, 0
 }
 
-// TestD1RedisFlushAndRestartLoseNothing: senders keep sending while the
+// TestRedisFlushAndRestartLoseNothing: senders keep sending while the
 // test flushes its own Redis and later kills and restarts it empty; every
 // confirmed message is in the log afterwards with its confirmed seq, and
 // no seq repeats.
-func TestD1RedisFlushAndRestartLoseNothing(t *testing.T) {
+func TestRedisFlushAndRestartLoseNothing(t *testing.T) {
 	rs := testenv.StartRedis(t)
 	cfg := parleytest.Config(t)
 	cfg.RedisURL, cfg.RedisPrefix = rs.URL(), "d1:"
@@ -154,11 +154,11 @@ func TestD1RedisFlushAndRestartLoseNothing(t *testing.T) {
 	}
 }
 
-// TestD2RacingSendersReaderByUpto: 16 senders on two gateways race a
+// TestRacingSendersReaderByUpto: 16 senders on two gateways race a
 // reader that advances only by upto; an allocated seq that never commits
 // (a sender that died after INCR) stalls the reader only until the hole
 // timeout. The reader ends with exactly every confirmed seq.
-func TestD2RacingSendersReaderByUpto(t *testing.T) {
+func TestRacingSendersReaderByUpto(t *testing.T) {
 	cfg := parleytest.Config(t)
 	cfg.SendRate = 0
 	cfg.HoleTimeout = 300 * time.Millisecond
@@ -305,9 +305,9 @@ func mustParse(t *testing.T, url string) *redis.Options {
 	return o
 }
 
-// TestD3SameCmidFromTwoDevices: the same (sender, cmid) sent at once from
+// TestSameCmidFromTwoDevices: the same (sender, cmid) sent at once from
 // two devices of the sender is stored once; both get the same seq.
-func TestD3SameCmidFromTwoDevices(t *testing.T) {
+func TestSameCmidFromTwoDevices(t *testing.T) {
 	env := parleytest.Start(t, parleytest.Config(t))
 	ana := env.User(t, "ana", 2)
 	env.User(t, "ben", 1)
@@ -342,9 +342,9 @@ func TestD3SameCmidFromTwoDevices(t *testing.T) {
 	}
 }
 
-// TestM1AckMaxMergeNeverAboveHead: cursors only grow, are durable in
+// TestAckMaxMergeNeverAboveHead: cursors only grow, are durable in
 // PostgreSQL and hot in Redis, never exceed head, and need membership.
-func TestM1AckMaxMergeNeverAboveHead(t *testing.T) {
+func TestAckMaxMergeNeverAboveHead(t *testing.T) {
 	cfg := parleytest.Config(t)
 	env := parleytest.Start(t, cfg)
 	ana := env.User(t, "ana", 1)
@@ -426,9 +426,9 @@ func TestM1AckMaxMergeNeverAboveHead(t *testing.T) {
 	}
 }
 
-// TestR1FencingAndLeases: an older registration never overwrites a newer
+// TestRouteFencingAndLeases: an older registration never overwrites a newer
 // one, and a dead gateway's entries are not used once its lease is gone.
-func TestR1FencingAndLeases(t *testing.T) {
+func TestRouteFencingAndLeases(t *testing.T) {
 	url, prefix := testenv.Redis(t)
 	rdb := redis.NewClient(mustParse(t, url))
 	defer rdb.Close()

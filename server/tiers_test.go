@@ -206,11 +206,11 @@ func tierScenario(t *testing.T, writeMax, onlineMax int, coalesce time.Duration)
 	return out.String(), modes
 }
 
-// TestG2TierInvariance (seed 003, G2): the same history in a group forced
+// TestTierInvariance: the same history in a group forced
 // into each tier, and across tiers, gives identical client-visible
 // results: convs items, unread, sync pages, pushes and read_changed
 // received by online devices. Only convs' mode differs.
-func TestG2TierInvariance(t *testing.T) {
+func TestTierInvariance(t *testing.T) {
 	var want string
 	for i, tc := range tierConfigs {
 		got, modes := tierScenario(t, tc.writeMax, tc.onlineMax, tc.coalesce)
@@ -236,11 +236,11 @@ func TestG2TierInvariance(t *testing.T) {
 	}
 }
 
-// TestG1JoinBoundary (seed 003, G1): a member who joined at seq J never
+// TestJoinBoundary: a member who joined at seq J never
 // gets an event below J, even when that event's fan-out runs after the
 // join, in every tier. Members send as fast as they can while the
 // newcomer is added.
-func TestG1JoinBoundary(t *testing.T) {
+func TestJoinBoundary(t *testing.T) {
 	for _, tc := range tierConfigs[:3] {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := parleytest.Config(t)

@@ -1,22 +1,25 @@
 package server_test
 
-// Seed 000 ("09 multi-device read and unread state"): every row of its
-// section 7 table (checks and negative controls) and of its section 8
-// fault table, on the real in-process server over real PostgreSQL and
-// Redis.
+// Read state across several devices of one user: delivery cursors per
+// device, one read position per user, unread derived from it, reinstalls
+// and restored backups, checked step by step (with two negative controls
+// that show what a wrong rule would answer), and the faults that can hit
+// them (lost or reordered reports, delayed acks from an old install, a
+// device that never returns), on the real in-process server over real
+// PostgreSQL and Redis.
 //
-// Data of the table: users u-ana (one device, u-ana-d1) and u-ben with a
+// The data: users u-ana (one device, u-ana-d1) and u-ben with a
 // phone (u-ben-d1) and a laptop (u-ben-d2); conversation c-ab; u-ana sends
 // 10 messages; head = 12 with 2 join events. The two join events come from
 // creating c-ab through the admin API with u-ana alone (join, seq 1) and
 // then adding u-ben through the admin API's members endpoint (join, seq
 // 2); u-ana's 10 messages are seqs 3..12.
 //
-// The section 7 rows are cumulative (09-own-messages-not-unread makes head
-// 13, 09-reinstall then finds 11 messages, …). Each test re-creates its
-// preconditions on a fresh server and database by replaying the rows
-// before it in table order, with their assertions (s09Run), then runs its
-// own row. So every test can run alone, and a failure in an earlier row
+// The steps (mdSteps) are cumulative (own-messages-not-unread makes head
+// 13, reinstall then finds 11 messages, …). Each test re-creates its
+// preconditions on a fresh server and database by replaying the steps
+// before it in order, with their assertions (mdRun), then runs its own
+// step. So every test can run alone, and a failure in an earlier step
 // shows up in every later test too (look at the first failing one).
 
 import (
@@ -37,12 +40,12 @@ import (
 	"github.com/parley-im/parley/wire"
 )
 
-const s09Conv = "c-ab"
+const mdConv = "c-ab"
 
-// s09Fix is the table's setting: the server, direct PostgreSQL and Redis
+// mdFix is the scenario's setting: the server, direct PostgreSQL and Redis
 // access, and one connection per device, with what each of u-ben's
 // devices holds locally.
-type s09Fix struct {
+type mdFix struct {
 	t      *testing.T
 	env    *parleytest.Env
 	pg     *pgx.Conn
@@ -56,13 +59,13 @@ type s09Fix struct {
 	phoneLocal, laptopLocal map[int64]wire.Event // the device's local store, by seq
 }
 
-// s09New starts a server and builds the table's starting point: c-ab with
+// mdNew starts a server and builds the scenario's starting point: c-ab with
 // its 2 join events and u-ana's 10 messages (head 12), all three devices
 // connected.
-func s09New(t *testing.T) *s09Fix {
+func mdNew(t *testing.T) *mdFix {
 	t.Helper()
 	env := parleytest.Start(t, parleytest.Config(t))
-	f := &s09Fix{t: t, env: env, phoneLocal: map[int64]wire.Event{}, laptopLocal: map[int64]wire.Event{}}
+	f := &mdFix{t: t, env: env, phoneLocal: map[int64]wire.Event{}, laptopLocal: map[int64]wire.Event{}}
 	pg, err := pgx.Connect(context.Background(), env.Cfg.PostgresURL)
 	if err != nil {
 		t.Fatal(err)
@@ -76,20 +79,20 @@ func s09New(t *testing.T) *s09Fix {
 	if f.benDev[0].ID != "u-ben-d1" || f.benDev[1].ID != "u-ben-d2" {
 		t.Fatalf("devices %+v", f.benDev)
 	}
-	if h := env.Group(t, s09Conv, "u-ana"); h != 1 {
+	if h := env.Group(t, mdConv, "u-ana"); h != 1 {
 		t.Fatalf("creating c-ab with u-ana: head %d, want 1 (u-ana's join)", h)
 	}
 	var add struct {
 		Head int64 `json:"head"`
 	}
-	if st := env.Admin(t, "POST", "/v1/conversations/"+s09Conv+"/members", map[string]any{"users": []string{"u-ben"}}, &add); st != http.StatusOK || add.Head != 2 {
+	if st := env.Admin(t, "POST", "/v1/conversations/"+mdConv+"/members", map[string]any{"users": []string{"u-ben"}}, &add); st != http.StatusOK || add.Head != 2 {
 		t.Fatalf("adding u-ben: %d head %d, want 200 head 2 (u-ben's join)", st, add.Head)
 	}
 	f.ana, f.anaF = dial(t, env, f.anaDev)
 	f.phone, f.phoneF = dial(t, env, f.benDev[0])
 	f.laptop, f.laptopF = dial(t, env, f.benDev[1])
 	for i := 1; i <= 10; i++ {
-		r, err := f.ana.Send(ctx(t), s09Conv, fmt.Sprintf("a%d", i), []byte(fmt.Sprintf("ana %d", i)))
+		r, err := f.ana.Send(ctx(t), mdConv, fmt.Sprintf("a%d", i), []byte(fmt.Sprintf("ana %d", i)))
 		if err != nil || r.Seq != int64(i+2) {
 			t.Fatalf("u-ana's message %d: %+v %v, want seq %d", i, r, err, i+2)
 		}
@@ -100,49 +103,49 @@ func s09New(t *testing.T) *s09Fix {
 	return f
 }
 
-// s09Rows are the section 7 rows that change state, in table order; each
-// runs its steps and asserts what the table observes.
-var s09Rows = []struct {
+// mdSteps are the steps that change state, in order; each sends its
+// requests and asserts what the clients and the stores must then show.
+var mdSteps = []struct {
 	id  string
-	run func(*s09Fix)
+	run func(*mdFix)
 }{
-	{"09-delivery-per-device", (*s09Fix).deliveryPerDevice},
-	{"09-read-max-wins", (*s09Fix).readMaxWins},
-	{"09-read-does-not-fake-delivery", (*s09Fix).readDoesNotFakeDelivery},
-	{"09-own-messages-not-unread", (*s09Fix).ownMessagesNotUnread},
-	{"09-read-ahead-rejected", (*s09Fix).readAheadRejected},
-	{"09-reinstall", (*s09Fix).reinstall},
-	{"09-cursor-rollback", (*s09Fix).cursorRollback},
+	{"delivery-per-device", (*mdFix).deliveryPerDevice},
+	{"read-max-wins", (*mdFix).readMaxWins},
+	{"read-does-not-fake-delivery", (*mdFix).readDoesNotFakeDelivery},
+	{"own-messages-not-unread", (*mdFix).ownMessagesNotUnread},
+	{"read-ahead-rejected", (*mdFix).readAheadRejected},
+	{"reinstall", (*mdFix).reinstall},
+	{"cursor-rollback", (*mdFix).cursorRollback},
 }
 
-// s09Run builds the starting point and runs the table's rows up to and
-// including row id ("" for none).
-func s09Run(t *testing.T, id string) *s09Fix {
+// mdRun builds the starting point and runs the steps up to and including
+// step id ("" for none).
+func mdRun(t *testing.T, id string) *mdFix {
 	t.Helper()
-	f := s09New(t)
+	f := mdNew(t)
 	if id == "" {
 		return f
 	}
-	for _, r := range s09Rows {
+	for _, r := range mdSteps {
 		r.run(f)
 		if t.Failed() {
-			t.Fatalf("row %s (a precondition of this test) failed", r.id)
+			t.Fatalf("step %s (a precondition of this test) failed", r.id)
 		}
 		if r.id == id {
 			return f
 		}
 	}
-	t.Fatalf("no row %s", id)
+	t.Fatalf("no step %s", id)
 	return nil
 }
 
 // item is c-ab as the convs reply to c's device shows it.
-func (f *s09Fix) item(c *client.Conn) wire.Item {
+func (f *mdFix) item(c *client.Conn) wire.Item {
 	f.t.Helper()
-	return s09Item(f.t, c, s09Conv)
+	return mdItem(f.t, c, mdConv)
 }
 
-func s09Item(t *testing.T, c *client.Conn, conv string) wire.Item {
+func mdItem(t *testing.T, c *client.Conn, conv string) wire.Item {
 	t.Helper()
 	r, err := c.Convs(ctx(t), 1000, "")
 	if err != nil {
@@ -158,7 +161,7 @@ func s09Item(t *testing.T, c *client.Conn, conv string) wire.Item {
 }
 
 // expect checks the convs item of c-ab seen by c's device.
-func (f *s09Fix) expect(c *client.Conn, head, delivered, read, unread int64) {
+func (f *mdFix) expect(c *client.Conn, head, delivered, read, unread int64) {
 	f.t.Helper()
 	it := f.item(c)
 	if it.Head != head || it.Delivered != delivered || it.Read != read || it.Unread != unread {
@@ -168,10 +171,10 @@ func (f *s09Fix) expect(c *client.Conn, head, delivered, read, unread int64) {
 }
 
 // pgRead is u-ben's read position in c-ab in PostgreSQL (0 if none).
-func (f *s09Fix) pgRead(user string) int64 {
+func (f *mdFix) pgRead(user string) int64 {
 	f.t.Helper()
 	var v int64
-	err := f.pg.QueryRow(ctx(f.t), `SELECT read_seq FROM read_positions WHERE user_id = $1 AND conv_id = $2`, user, s09Conv).Scan(&v)
+	err := f.pg.QueryRow(ctx(f.t), `SELECT read_seq FROM read_positions WHERE user_id = $1 AND conv_id = $2`, user, mdConv).Scan(&v)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		f.t.Fatal(err)
 	}
@@ -180,10 +183,10 @@ func (f *s09Fix) pgRead(user string) int64 {
 
 // pgCursor is the device's delivery cursor in c-ab in PostgreSQL and
 // whether it has a row at all.
-func (f *s09Fix) pgCursor(device string) (int64, bool) {
+func (f *mdFix) pgCursor(device string) (int64, bool) {
 	f.t.Helper()
 	var v int64
-	err := f.pg.QueryRow(ctx(f.t), `SELECT delivered_seq FROM device_cursors WHERE device_id = $1 AND conv_id = $2`, device, s09Conv).Scan(&v)
+	err := f.pg.QueryRow(ctx(f.t), `SELECT delivered_seq FROM device_cursors WHERE device_id = $1 AND conv_id = $2`, device, mdConv).Scan(&v)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, false
 	}
@@ -194,9 +197,9 @@ func (f *s09Fix) pgCursor(device string) (int64, bool) {
 }
 
 // hotCursor is the Redis hot copy of a u-ben device's cursor in c-ab.
-func (f *s09Fix) hotCursor(device string) (int64, bool) {
+func (f *mdFix) hotCursor(device string) (int64, bool) {
 	f.t.Helper()
-	v, err := f.rdb.HGet(ctx(f.t), f.env.Cfg.RedisPrefix+"dc:{u-ben}:"+device, s09Conv).Int64()
+	v, err := f.rdb.HGet(ctx(f.t), f.env.Cfg.RedisPrefix+"dc:{u-ben}:"+device, mdConv).Int64()
 	if errors.Is(err, redis.Nil) {
 		return 0, false
 	}
@@ -206,7 +209,7 @@ func (f *s09Fix) hotCursor(device string) (int64, bool) {
 	return v, true
 }
 
-func (f *s09Fix) reinstallLaptop() int64 {
+func (f *mdFix) reinstallLaptop() int64 {
 	f.t.Helper()
 	var re struct {
 		ID           string `json:"id"`
@@ -218,15 +221,15 @@ func (f *s09Fix) reinstallLaptop() int64 {
 	return re.InstallEpoch
 }
 
-// s09Store keeps evs in a device's local store.
-func s09Store(local map[int64]wire.Event, evs []wire.Event) {
+// mdStore keeps evs in a device's local store.
+func mdStore(local map[int64]wire.Event, evs []wire.Event) {
 	for _, e := range evs {
 		local[e.Seq] = e
 	}
 }
 
-// s09Count counts the messages of a local store (by sender, "" for all).
-func s09Count(local map[int64]wire.Event, sender string) int {
+// mdCount counts the messages of a local store (by sender, "" for all).
+func mdCount(local map[int64]wire.Event, sender string) int {
 	n := 0
 	for _, e := range local {
 		if e.Kind == "msg" && (sender == "" || e.Sender == sender) {
@@ -236,9 +239,9 @@ func s09Count(local map[int64]wire.Event, sender string) int {
 	return n
 }
 
-// s09SameLog fails unless the local store holds exactly the events of
+// mdSameLog fails unless the local store holds exactly the events of
 // want (seq, kind, sender, body).
-func s09SameLog(t *testing.T, local map[int64]wire.Event, want []wire.Event) {
+func mdSameLog(t *testing.T, local map[int64]wire.Event, want []wire.Event) {
 	t.Helper()
 	if len(local) != len(want) {
 		t.Fatalf("local store has %d events, the server's log %d", len(local), len(want))
@@ -251,7 +254,7 @@ func s09SameLog(t *testing.T, local map[int64]wire.Event, want []wire.Event) {
 	}
 }
 
-func s09WaitFrame(t *testing.T, frames chan wire.Message, what string, match func(wire.Message) bool) wire.Message {
+func mdWaitFrame(t *testing.T, frames chan wire.Message, what string, match func(wire.Message) bool) wire.Message {
 	t.Helper()
 	deadline := time.After(5 * time.Second)
 	for {
@@ -266,28 +269,28 @@ func s09WaitFrame(t *testing.T, frames chan wire.Message, what string, match fun
 	}
 }
 
-func s09WantCode(t *testing.T, what string, err error, code wire.Code) {
+func mdWantCode(t *testing.T, what string, err error, code wire.Code) {
 	t.Helper()
 	if wire.CodeOf(err) != code {
 		t.Fatalf("%s: %v, want %s", what, err, code)
 	}
 }
 
-// ---- Section 7 rows ----
+// ---- Steps ----
 
-// 09-delivery-per-device: the phone syncs and acks → delivered 12; the
+// delivery-per-device: the phone syncs and acks → delivered 12; the
 // laptop's delivered stays 0; both see unread 10.
-func (f *s09Fix) deliveryPerDevice() {
+func (f *mdFix) deliveryPerDevice() {
 	t := f.t
 	t.Helper()
-	evs, upto := syncAll(t, f.phone, s09Conv, 0)
-	s09Store(f.phoneLocal, evs)
+	evs, upto := syncAll(t, f.phone, mdConv, 0)
+	mdStore(f.phoneLocal, evs)
 	// u-ben sees his own join (2) and the 10 messages; u-ana's join (1)
-	// is before his membership period (G1).
-	if upto != 12 || len(evs) != 11 || s09Count(f.phoneLocal, "u-ana") != 10 || evs[0].Seq != 2 || evs[0].Kind != "join" {
+	// is before his membership period, and periods bound what he sees.
+	if upto != 12 || len(evs) != 11 || mdCount(f.phoneLocal, "u-ana") != 10 || evs[0].Seq != 2 || evs[0].Kind != "join" {
 		t.Fatalf("phone sync: upto %d, %d events %+v", upto, len(evs), evs)
 	}
-	a, err := f.phone.Ack(ctx(t), s09Conv, upto)
+	a, err := f.phone.Ack(ctx(t), mdConv, upto)
 	if err != nil || a.Delivered != 12 {
 		t.Fatalf("phone ack 12: %+v %v", a, err)
 	}
@@ -299,26 +302,26 @@ func (f *s09Fix) deliveryPerDevice() {
 	if _, ok := f.pgCursor(f.benDev[1].ID); ok {
 		t.Fatal("the laptop has a cursor row; it never acked")
 	}
-	if r := f.pgRead("u-ben"); r != 0 { // M3: an ack moves no read position
+	if r := f.pgRead("u-ben"); r != 0 { // an ack moves no read position
 		t.Fatalf("read position %d after the phone's ack, want 0", r)
 	}
 }
 
-// 09-read-max-wins: the phone reads 8 (head−4), the laptop later reports
+// read-max-wins: the phone reads 8 (head−4), the laptop later reports
 // 5 (head−7); the read position stays 8, unread 4, and the laptop's
 // read_ok carries 8.
-func (f *s09Fix) readMaxWins() {
+func (f *mdFix) readMaxWins() {
 	t := f.t
 	t.Helper()
-	r, err := f.phone.Read(ctx(t), s09Conv, 8)
+	r, err := f.phone.Read(ctx(t), mdConv, 8)
 	if err != nil || r.Read != 8 || r.Unread != 4 {
 		t.Fatalf("phone read 8: %+v %v, want read 8 unread 4", r, err)
 	}
-	// The position advanced: the laptop is told (PROTOCOL.md §4 read).
-	s09WaitFrame(t, f.laptopF, "read_changed 8/4 on the laptop", func(m wire.Message) bool {
-		return m.T == wire.TReadChanged && m.Conv == s09Conv && m.Read == 8 && m.Unread == 4
+	// The position advanced: the laptop is told (docs/protocol.md §4 read).
+	mdWaitFrame(t, f.laptopF, "read_changed 8/4 on the laptop", func(m wire.Message) bool {
+		return m.T == wire.TReadChanged && m.Conv == mdConv && m.Read == 8 && m.Unread == 4
 	})
-	r, err = f.laptop.Read(ctx(t), s09Conv, 5)
+	r, err = f.laptop.Read(ctx(t), mdConv, 5)
 	if err != nil || r.Read != 8 || r.Unread != 4 {
 		t.Fatalf("laptop read 5 after the phone's 8: %+v %v, want read 8 unread 4", r, err)
 	}
@@ -329,9 +332,9 @@ func (f *s09Fix) readMaxWins() {
 	}
 }
 
-// 09-read-does-not-fake-delivery: after the user read to 8 on the phone,
+// read-does-not-fake-delivery: after the user read to 8 on the phone,
 // the laptop's delivery cursor is still 0 (and the phone's still 12).
-func (f *s09Fix) readDoesNotFakeDelivery() {
+func (f *mdFix) readDoesNotFakeDelivery() {
 	t := f.t
 	t.Helper()
 	if it := f.item(f.laptop); it.Delivered != 0 || it.Read != 8 {
@@ -351,19 +354,19 @@ func (f *s09Fix) readDoesNotFakeDelivery() {
 	}
 }
 
-// 09-own-messages-not-unread: u-ben sends a message (head 13); his unread
+// own-messages-not-unread: u-ben sends a message (head 13); his unread
 // stays 4.
-func (f *s09Fix) ownMessagesNotUnread() {
+func (f *mdFix) ownMessagesNotUnread() {
 	t := f.t
 	t.Helper()
-	s, err := f.phone.Send(ctx(t), s09Conv, "b1", []byte("ben 1"))
+	s, err := f.phone.Send(ctx(t), mdConv, "b1", []byte("ben 1"))
 	if err != nil || s.Seq != 13 {
 		t.Fatalf("u-ben's message: %+v %v, want seq 13", s, err)
 	}
 	f.phoneLocal[13] = wire.Event{Seq: 13, Kind: "msg", Sender: "u-ben", Body: []byte("ben 1")}
 	f.expect(f.phone, 13, 12, 8, 4) // sending is not an ack: the phone's cursor stays 12
 	f.expect(f.laptop, 13, 0, 8, 4)
-	snap, err := f.laptop.Snapshot(ctx(t), []wire.ConvAfter{{Conv: s09Conv, After: 13}})
+	snap, err := f.laptop.Snapshot(ctx(t), []wire.ConvAfter{{Conv: mdConv, After: 13}})
 	if err != nil || len(snap.Items) != 1 || snap.Items[0].Head != 13 || snap.Items[0].Read != 8 || snap.Items[0].Unread != 4 {
 		t.Fatalf("snapshot: %+v %v, want head 13 read 8 unread 4", snap, err)
 	}
@@ -374,20 +377,20 @@ func (f *s09Fix) ownMessagesNotUnread() {
 	}
 }
 
-// 09-read-ahead-rejected: a read report of 10000 → CURSOR_AHEAD.
-func (f *s09Fix) readAheadRejected() {
+// read-ahead-rejected: a read report of 10000 → CURSOR_AHEAD.
+func (f *mdFix) readAheadRejected() {
 	t := f.t
 	t.Helper()
-	_, err := f.phone.Read(ctx(t), s09Conv, 10000)
-	s09WantCode(t, "read 10000", err, wire.CursorAhead)
-	_, err = f.laptop.Read(ctx(t), s09Conv, 14) // head + 1
-	s09WantCode(t, "read head+1", err, wire.CursorAhead)
-	// Below 0: seed §5.1 refuses it with CURSOR_AHEAD (`seq < 0 || seq >
-	// head`); this server's wire decoder refuses every negative seq with
-	// BAD_REQUEST before the request reaches the read path
-	// (wire/request.go). PROTOCOL.md does not say which; either way it is
-	// refused and changes nothing.
-	_, err = f.phone.Read(ctx(t), s09Conv, -1)
+	_, err := f.phone.Read(ctx(t), mdConv, 10000)
+	mdWantCode(t, "read 10000", err, wire.CursorAhead)
+	_, err = f.laptop.Read(ctx(t), mdConv, 14) // head + 1
+	mdWantCode(t, "read head+1", err, wire.CursorAhead)
+	// Below 0: a read below 0 is out of range as one above head is
+	// (CURSOR_AHEAD), but this server's wire decoder refuses every
+	// negative seq with BAD_REQUEST before the request reaches the read
+	// path (wire/request.go). Either way it is refused and changes
+	// nothing; the test accepts both codes.
+	_, err = f.phone.Read(ctx(t), mdConv, -1)
 	if c := wire.CodeOf(err); c != wire.CursorAhead && c != wire.BadRequest {
 		t.Fatalf("read -1: %v, want CURSOR_AHEAD or BAD_REQUEST", err)
 	}
@@ -397,17 +400,17 @@ func (f *s09Fix) readAheadRejected() {
 	f.expect(f.phone, 13, 12, 8, 4)
 }
 
-// 09-reinstall: the laptop is reinstalled: epoch 1; the old connection's
+// reinstall: the laptop is reinstalled: epoch 1; the old connection's
 // ack gets STALE_INSTALL; the new install's delivered starts at 0, after
 // its sync it holds 11 messages and delivered is 13; read is still 8.
-func (f *s09Fix) reinstall() {
+func (f *mdFix) reinstall() {
 	t := f.t
 	t.Helper()
 	if e := f.reinstallLaptop(); e != 1 {
 		t.Fatalf("install_epoch %d after reinstall, want 1", e)
 	}
-	_, err := f.laptop.Ack(ctx(t), s09Conv, 3)
-	s09WantCode(t, "ack from the old install", err, wire.StaleInstall)
+	_, err := f.laptop.Ack(ctx(t), mdConv, 3)
+	mdWantCode(t, "ack from the old install", err, wire.StaleInstall)
 	if v, ok := f.pgCursor(f.benDev[1].ID); ok {
 		t.Fatalf("the old install's ack wrote cursor %d", v)
 	}
@@ -421,13 +424,13 @@ func (f *s09Fix) reinstall() {
 	f.laptop, f.laptopF = nl, nf
 	f.laptopLocal = map[int64]wire.Event{} // a fresh install holds nothing
 	f.expect(f.laptop, 13, 0, 8, 4)
-	evs, upto := syncAll(t, f.laptop, s09Conv, 0)
-	s09Store(f.laptopLocal, evs)
-	if upto != 13 || len(f.laptopLocal) != 12 || s09Count(f.laptopLocal, "") != 11 ||
-		s09Count(f.laptopLocal, "u-ana") != 10 || s09Count(f.laptopLocal, "u-ben") != 1 {
-		t.Fatalf("new install's sync: upto %d, %d events, %d messages; want 13, 12 (his join + 11), 11", upto, len(f.laptopLocal), s09Count(f.laptopLocal, ""))
+	evs, upto := syncAll(t, f.laptop, mdConv, 0)
+	mdStore(f.laptopLocal, evs)
+	if upto != 13 || len(f.laptopLocal) != 12 || mdCount(f.laptopLocal, "") != 11 ||
+		mdCount(f.laptopLocal, "u-ana") != 10 || mdCount(f.laptopLocal, "u-ben") != 1 {
+		t.Fatalf("new install's sync: upto %d, %d events, %d messages; want 13, 12 (his join + 11), 11", upto, len(f.laptopLocal), mdCount(f.laptopLocal, ""))
 	}
-	a, err := f.laptop.Ack(ctx(t), s09Conv, upto)
+	a, err := f.laptop.Ack(ctx(t), mdConv, upto)
 	if err != nil || a.Delivered != 13 {
 		t.Fatalf("new install ack 13: %+v %v", a, err)
 	}
@@ -438,11 +441,11 @@ func (f *s09Fix) reinstall() {
 	}
 }
 
-// 09-cursor-rollback: the new install restores an old local backup: it
+// cursor-rollback: the new install restores an old local backup: it
 // reports ack(2) and drops its events after 2; the server cursor stays 13
 // (reply delivered=13); the device syncs again from its own cursor 2 and
 // is complete again (11 messages).
-func (f *s09Fix) cursorRollback() {
+func (f *mdFix) cursorRollback() {
 	t := f.t
 	t.Helper()
 	for s := range f.laptopLocal {
@@ -451,7 +454,7 @@ func (f *s09Fix) cursorRollback() {
 		}
 	}
 	local := int64(2)
-	a, err := f.laptop.Ack(ctx(t), s09Conv, local)
+	a, err := f.laptop.Ack(ctx(t), mdConv, local)
 	if err != nil || a.Delivered != 13 {
 		t.Fatalf("ack 2 after restoring the backup: %+v %v, want delivered 13", a, err)
 	}
@@ -459,65 +462,57 @@ func (f *s09Fix) cursorRollback() {
 		t.Fatalf("server cursor %d after ack 2, want 13", v)
 	}
 	f.expect(f.laptop, 13, 13, 8, 4)
-	evs, upto := syncAll(t, f.laptop, s09Conv, local)
-	s09Store(f.laptopLocal, evs)
+	evs, upto := syncAll(t, f.laptop, mdConv, local)
+	mdStore(f.laptopLocal, evs)
 	if upto != 13 || len(evs) != 11 {
 		t.Fatalf("re-sync from 2: upto %d, %d events, want 13 and 11", upto, len(evs))
 	}
-	full, _ := syncAll(t, f.phone, s09Conv, 0)
-	s09SameLog(t, f.laptopLocal, full)
-	if n := s09Count(f.laptopLocal, ""); n != 11 {
+	full, _ := syncAll(t, f.phone, mdConv, 0)
+	mdSameLog(t, f.laptopLocal, full)
+	if n := mdCount(f.laptopLocal, ""); n != 11 {
 		t.Fatalf("local store has %d messages, want 11", n)
 	}
 }
 
-func Test09DeliveryPerDevice(t *testing.T) {
-	// 09-delivery-per-device
-	s09Run(t, "09-delivery-per-device")
+func TestDeliveryCursorPerDevice(t *testing.T) {
+	mdRun(t, "delivery-per-device")
 }
 
-func Test09ReadMaxWins(t *testing.T) {
-	// 09-read-max-wins
-	s09Run(t, "09-read-max-wins")
+func TestReadPositionMaxWins(t *testing.T) {
+	mdRun(t, "read-max-wins")
 }
 
-func Test09ReadDoesNotFakeDelivery(t *testing.T) {
-	// 09-read-does-not-fake-delivery
-	s09Run(t, "09-read-does-not-fake-delivery")
+func TestReadDoesNotMoveDelivery(t *testing.T) {
+	mdRun(t, "read-does-not-fake-delivery")
 }
 
-func Test09OwnMessagesNotUnread(t *testing.T) {
-	// 09-own-messages-not-unread
-	s09Run(t, "09-own-messages-not-unread")
+func TestOwnMessagesNotUnread(t *testing.T) {
+	mdRun(t, "own-messages-not-unread")
 }
 
-func Test09ReadAheadRejected(t *testing.T) {
-	// 09-read-ahead-rejected
-	s09Run(t, "09-read-ahead-rejected")
+func TestReadAheadRejected(t *testing.T) {
+	mdRun(t, "read-ahead-rejected")
 }
 
-func Test09Reinstall(t *testing.T) {
-	// 09-reinstall
-	s09Run(t, "09-reinstall")
+func TestReinstallResetsDeliveryKeepsRead(t *testing.T) {
+	mdRun(t, "reinstall")
 }
 
-func Test09CursorRollback(t *testing.T) {
-	// 09-cursor-rollback
-	s09Run(t, "09-cursor-rollback")
+func TestCursorRollbackResyncsFromLocalCursor(t *testing.T) {
+	mdRun(t, "cursor-rollback")
 }
 
-// Test09ControlReadFromDelivery is the negative control
-// 09-control-read-from-delivery: taking "the largest delivery cursor of
-// any of the user's devices" as the read position, on the table's data
+// TestReadPositionIsNotMaxDeliveryCursor is a negative control: taking
+// "the largest delivery cursor of any of the user's devices" as the read
+// position, on the scenario's data
 // (phone 12, new laptop install 13), gives 13, while the user has read to
 // 8 (and would leave unread 0 instead of 4).
-func Test09ControlReadFromDelivery(t *testing.T) {
-	// 09-control-read-from-delivery
-	f := s09Run(t, "09-cursor-rollback")
+func TestReadPositionIsNotMaxDeliveryCursor(t *testing.T) {
+	f := mdRun(t, "cursor-rollback")
 	var wrong int64
 	if err := f.pg.QueryRow(ctx(t), `SELECT coalesce(max(dc.delivered_seq), 0)
 		FROM device_cursors dc JOIN devices d ON d.device_id = dc.device_id
-		WHERE d.user_id = 'u-ben' AND dc.conv_id = $1`, s09Conv).Scan(&wrong); err != nil {
+		WHERE d.user_id = 'u-ben' AND dc.conv_id = $1`, mdConv).Scan(&wrong); err != nil {
 		t.Fatal(err)
 	}
 	real := f.pgRead("u-ben")
@@ -525,39 +520,38 @@ func Test09ControlReadFromDelivery(t *testing.T) {
 	if wrong != 13 || real != 8 || it.Read != 8 || wrong == real {
 		t.Fatalf("wrong rule %d (want 13), read_positions %d and convs read %d (want 8)", wrong, real, it.Read)
 	}
-	wrongUnread := unreadAbove(t, f.pg, "u-ben", s09Conv, wrong)
-	if wrongUnread != 0 || it.Unread != 4 || unreadByDefinition(t, f.pg, "u-ben", s09Conv) != 4 {
+	wrongUnread := unreadAbove(t, f.pg, "u-ben", mdConv, wrong)
+	if wrongUnread != 0 || it.Unread != 4 || unreadByDefinition(t, f.pg, "u-ben", mdConv) != 4 {
 		t.Fatalf("unread: wrong rule %d (want 0), server %d (want 4)", wrongUnread, it.Unread)
 	}
 }
 
-// Test09ControlLwwRead is the negative control 09-control-lww-read: a
+// TestReadPositionIsNotLastWriterWins is a negative control: a
 // last-writer-wins write of the laptop's late report (UPDATE read_seq = 5)
 // moves the read position back to 5 and unread up to 7; done inside a
 // transaction that is rolled back. The server's max-merge of the same
 // late report keeps 8 (unread 4).
-func Test09ControlLwwRead(t *testing.T) {
-	// 09-control-lww-read
-	f := s09Run(t, "09-cursor-rollback")
+func TestReadPositionIsNotLastWriterWins(t *testing.T) {
+	f := mdRun(t, "cursor-rollback")
 	tx, err := f.pg.Begin(ctx(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tx.Exec(ctx(t), `UPDATE read_positions SET read_seq = 5 WHERE user_id = 'u-ben' AND conv_id = $1`, s09Conv); err != nil {
+	if _, err := tx.Exec(ctx(t), `UPDATE read_positions SET read_seq = 5 WHERE user_id = 'u-ben' AND conv_id = $1`, mdConv); err != nil {
 		t.Fatal(err)
 	}
 	var lww int64
-	if err := tx.QueryRow(ctx(t), `SELECT read_seq FROM read_positions WHERE user_id = 'u-ben' AND conv_id = $1`, s09Conv).Scan(&lww); err != nil {
+	if err := tx.QueryRow(ctx(t), `SELECT read_seq FROM read_positions WHERE user_id = 'u-ben' AND conv_id = $1`, mdConv).Scan(&lww); err != nil {
 		t.Fatal(err)
 	}
-	lwwUnread := unreadByDefinition(t, tx, "u-ben", s09Conv)
+	lwwUnread := unreadByDefinition(t, tx, "u-ben", mdConv)
 	if err := tx.Rollback(ctx(t)); err != nil {
 		t.Fatal(err)
 	}
 	if lww != 5 || lwwUnread != 7 {
 		t.Fatalf("last writer wins: read %d unread %d, want the regression to 5 and 7", lww, lwwUnread)
 	}
-	r, err := f.laptop.Read(ctx(t), s09Conv, 5)
+	r, err := f.laptop.Read(ctx(t), mdConv, 5)
 	if err != nil || r.Read != 8 || r.Unread != 4 {
 		t.Fatalf("the server's merge of read 5: %+v %v, want read 8 unread 4", r, err)
 	}
@@ -566,18 +560,17 @@ func Test09ControlLwwRead(t *testing.T) {
 	}
 }
 
-// 09-read-requires-membership: a read report from a non-member →
+// TestReadRequiresMembership: a read report from a non-member →
 // NOT_MEMBER (and for a conversation that does not exist, the same).
-func Test09ReadRequiresMembership(t *testing.T) {
-	// 09-read-requires-membership
-	f := s09Run(t, "")
+func TestReadRequiresMembership(t *testing.T) {
+	f := mdRun(t, "")
 	cy, _ := dial(t, f.env, f.env.User(t, "u-cy", 1)[0])
-	_, err := cy.Read(ctx(t), s09Conv, 1)
-	s09WantCode(t, "non-member read", err, wire.NotMember)
-	_, err = cy.Read(ctx(t), s09Conv, 10000)
-	s09WantCode(t, "non-member read above head", err, wire.NotMember)
+	_, err := cy.Read(ctx(t), mdConv, 1)
+	mdWantCode(t, "non-member read", err, wire.NotMember)
+	_, err = cy.Read(ctx(t), mdConv, 10000)
+	mdWantCode(t, "non-member read above head", err, wire.NotMember)
 	_, err = cy.Read(ctx(t), "c-none", 1)
-	s09WantCode(t, "read of a conversation that does not exist", err, wire.NotMember)
+	mdWantCode(t, "read of a conversation that does not exist", err, wire.NotMember)
 	if v := f.pgRead("u-cy"); v != 0 {
 		t.Fatalf("a non-member's read wrote read_positions %d", v)
 	}
@@ -592,16 +585,16 @@ func Test09ReadRequiresMembership(t *testing.T) {
 	}
 }
 
-// ---- Section 8 faults ----
+// ---- Faults ----
 
-// Test09FaultReadsOutOfOrder — fault row "两台设备的已读上报乱序 | GREATEST 合并
-// | 已读不回退" (the two devices' read reports arrive out of order →
-// GREATEST merge → the read position never goes back). The phone and the
+// TestReadReportsOutOfOrder: the two devices' read reports arrive out of
+// order; they are merged with GREATEST, so the read position never goes
+// back. The phone and the
 // laptop report every seq 0..12 in two different random orders at the
 // same time: on each device the replies never go down, each reply's
 // unread matches its read, and the end result is 12 / unread 0 on both.
-func Test09FaultReadsOutOfOrder(t *testing.T) {
-	f := s09New(t)
+func TestReadReportsOutOfOrder(t *testing.T) {
+	f := mdNew(t)
 	seed := time.Now().UnixNano()
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewSource(seed))
@@ -613,7 +606,7 @@ func Test09FaultReadsOutOfOrder(t *testing.T) {
 			defer wg.Done()
 			var last int64
 			for _, s := range order {
-				r, err := c.Read(ctx(t), s09Conv, int64(s))
+				r, err := c.Read(ctx(t), mdConv, int64(s))
 				if err != nil {
 					t.Errorf("%s read %d: %v", c.Auth.Device, s, err)
 					return
@@ -632,7 +625,7 @@ func Test09FaultReadsOutOfOrder(t *testing.T) {
 	wg.Wait()
 	// A late, smaller report from either device changes nothing.
 	for _, c := range []*client.Conn{f.laptop, f.phone} {
-		r, err := c.Read(ctx(t), s09Conv, 3)
+		r, err := c.Read(ctx(t), mdConv, 3)
 		if err != nil || r.Read != 12 || r.Unread != 0 {
 			t.Fatalf("late read 3: %+v %v", r, err)
 		}
@@ -644,17 +637,16 @@ func Test09FaultReadsOutOfOrder(t *testing.T) {
 	}
 }
 
-// Test09FaultLostReadReport — fault row "已读上报丢失 | 客户端下次打开会话时重报 |
-// 未读暂时偏大，最终正确" (a read report is lost → the client reports again
-// the next time the conversation is opened → unread is too large for a
-// while, then right). The phone's report of 8 never reaches the server
+// TestLostReadReportRepeated: a read report is lost; the client reports
+// again the next time the conversation is opened, so unread is too large
+// for a while, then right. The phone's report of 8 never reaches the server
 // (its connection is gone); meanwhile the laptop sees read 0 / unread 10;
 // the phone reconnects and reports 8 again: read 8 / unread 4 everywhere,
 // and the laptop is told.
-func Test09FaultLostReadReport(t *testing.T) {
-	f := s09New(t)
+func TestLostReadReportRepeated(t *testing.T) {
+	f := mdNew(t)
 	f.phone.Close()
-	if _, err := f.phone.Read(ctx(t), s09Conv, 8); !errors.Is(err, client.ErrClosed) {
+	if _, err := f.phone.Read(ctx(t), mdConv, 8); !errors.Is(err, client.ErrClosed) {
 		t.Fatalf("read on a closed connection: %v", err)
 	}
 	f.expect(f.laptop, 12, 0, 0, 10) // too large for now
@@ -662,31 +654,31 @@ func Test09FaultLostReadReport(t *testing.T) {
 		t.Fatalf("a lost report wrote %d", v)
 	}
 	phone, _ := dial(t, f.env, f.benDev[0])
-	r, err := phone.Read(ctx(t), s09Conv, 8)
+	r, err := phone.Read(ctx(t), mdConv, 8)
 	if err != nil || r.Read != 8 || r.Unread != 4 {
 		t.Fatalf("re-reported read 8: %+v %v", r, err)
 	}
-	s09WaitFrame(t, f.laptopF, "read_changed 8/4 on the laptop", func(m wire.Message) bool {
-		return m.T == wire.TReadChanged && m.Conv == s09Conv && m.Read == 8 && m.Unread == 4
+	mdWaitFrame(t, f.laptopF, "read_changed 8/4 on the laptop", func(m wire.Message) bool {
+		return m.T == wire.TReadChanged && m.Conv == mdConv && m.Read == 8 && m.Unread == 4
 	})
 	f.expect(f.laptop, 12, 0, 8, 4)
 	f.expect(phone, 12, 0, 8, 4)
 	// Reporting it a third time (a retry that was not lost after all) is harmless.
-	if r, err := phone.Read(ctx(t), s09Conv, 8); err != nil || r.Read != 8 || r.Unread != 4 {
+	if r, err := phone.Read(ctx(t), mdConv, 8); err != nil || r.Read != 8 || r.Unread != 4 {
 		t.Fatalf("duplicate report: %+v %v", r, err)
 	}
 }
 
-// Test09FaultDelayedAckOldInstall — fault row "旧安装的延迟确认 | install_epoch
-// 比较 | STALE_INSTALL，游标不受影响" (a delayed ack from the old install →
-// install_epoch comparison → STALE_INSTALL, cursor untouched). The old
+// TestDelayedAckFromOldInstall: a delayed ack from the old install is
+// compared by install_epoch and refused with STALE_INSTALL, the cursor
+// untouched. The old
 // laptop install had acked 5; its ack(12) is delayed until after the
 // reinstall: STALE_INSTALL, with or without rid, and nothing is written;
 // the new install's own acks work from 0; old-install acks racing a
 // reinstall leave no cursor behind.
-func Test09FaultDelayedAckOldInstall(t *testing.T) {
-	f := s09New(t)
-	if a, err := f.laptop.Ack(ctx(t), s09Conv, 5); err != nil || a.Delivered != 5 {
+func TestDelayedAckFromOldInstall(t *testing.T) {
+	f := mdNew(t)
+	if a, err := f.laptop.Ack(ctx(t), mdConv, 5); err != nil || a.Delivered != 5 {
 		t.Fatalf("old install ack 5: %+v %v", a, err)
 	}
 	if e := f.reinstallLaptop(); e != 1 {
@@ -699,13 +691,13 @@ func Test09FaultDelayedAckOldInstall(t *testing.T) {
 		t.Fatalf("reinstall left hot cursor %d in Redis", v)
 	}
 	// The delayed ack(12) arrives now.
-	_, err := f.laptop.Ack(ctx(t), s09Conv, 12)
-	s09WantCode(t, "delayed ack from the old install", err, wire.StaleInstall)
+	_, err := f.laptop.Ack(ctx(t), mdConv, 12)
+	mdWantCode(t, "delayed ack from the old install", err, wire.StaleInstall)
 	// The same without rid: no reply, but the error frame, and no write.
-	if err := f.laptop.Write(wire.Request{T: wire.TAck, Conv: s09Conv, Seq: 12}); err != nil {
+	if err := f.laptop.Write(wire.Request{T: wire.TAck, Conv: mdConv, Seq: 12}); err != nil {
 		t.Fatal(err)
 	}
-	s09WaitFrame(t, f.laptopF, "STALE_INSTALL for the rid-less ack", func(m wire.Message) bool {
+	mdWaitFrame(t, f.laptopF, "STALE_INSTALL for the rid-less ack", func(m wire.Message) bool {
 		return m.T == wire.TError && m.Code == wire.StaleInstall
 	})
 	if v, ok := f.pgCursor(f.benDev[1].ID); ok {
@@ -716,7 +708,7 @@ func Test09FaultDelayedAckOldInstall(t *testing.T) {
 	}
 	nl, _ := dial(t, f.env, f.benDev[1])
 	f.expect(nl, 12, 0, 0, 10)
-	if a, err := nl.Ack(ctx(t), s09Conv, 3); err != nil || a.Delivered != 3 {
+	if a, err := nl.Ack(ctx(t), mdConv, 3); err != nil || a.Delivered != 3 {
 		t.Fatalf("new install ack 3: %+v %v", a, err)
 	}
 	f.expect(nl, 12, 3, 0, 10)
@@ -738,7 +730,7 @@ func Test09FaultDelayedAckOldInstall(t *testing.T) {
 				return
 			default:
 			}
-			_, err := nl.Ack(ctx(t), s09Conv, s)
+			_, err := nl.Ack(ctx(t), mdConv, s)
 			switch {
 			case err == nil:
 				okAcks++
@@ -768,22 +760,21 @@ func Test09FaultDelayedAckOldInstall(t *testing.T) {
 	f.expect(nl2, 12, 0, 0, 10)
 }
 
-// Test09FaultRestoredFromOldBackup — fault row "设备恢复旧本地备份 | 服务端游标不回退；
-// 客户端从本地游标同步 | 本地重新完整" (a device restored from an old local
-// backup → the server cursor does not go back; the client syncs from its
-// local cursor → locally complete again). The phone held everything to
+// TestDeviceRestoredFromOldBackup: a device restored from an old local
+// backup; the server cursor does not go back, the client syncs from its
+// local cursor and is locally complete again. The phone held everything to
 // 12 and had read 8; it restores a backup taken at seq 4 while u-ana
 // sends two more messages; it acks its old cursor (reply: 12), syncs from
-// 4, holds the whole log again and acks 14. Read stays 8 (M3), the laptop
-// is untouched.
-func Test09FaultRestoredFromOldBackup(t *testing.T) {
-	f := s09New(t)
-	evs, _ := syncAll(t, f.phone, s09Conv, 0)
-	s09Store(f.phoneLocal, evs)
-	if a, err := f.phone.Ack(ctx(t), s09Conv, 12); err != nil || a.Delivered != 12 {
+// 4, holds the whole log again and acks 14. Read stays 8 (acks never move
+// the read position), the laptop is untouched.
+func TestDeviceRestoredFromOldBackup(t *testing.T) {
+	f := mdNew(t)
+	evs, _ := syncAll(t, f.phone, mdConv, 0)
+	mdStore(f.phoneLocal, evs)
+	if a, err := f.phone.Ack(ctx(t), mdConv, 12); err != nil || a.Delivered != 12 {
 		t.Fatalf("ack 12: %+v %v", a, err)
 	}
-	if r, err := f.phone.Read(ctx(t), s09Conv, 8); err != nil || r.Read != 8 {
+	if r, err := f.phone.Read(ctx(t), mdConv, 8); err != nil || r.Read != 8 {
 		t.Fatalf("read 8: %+v %v", r, err)
 	}
 	// Restore: the app's data is replaced by a backup from seq 4, and the
@@ -796,47 +787,46 @@ func Test09FaultRestoredFromOldBackup(t *testing.T) {
 	}
 	local := int64(4)
 	for i := 11; i <= 12; i++ {
-		if _, err := f.ana.Send(ctx(t), s09Conv, fmt.Sprintf("a%d", i), []byte(fmt.Sprintf("ana %d", i))); err != nil {
+		if _, err := f.ana.Send(ctx(t), mdConv, fmt.Sprintf("a%d", i), []byte(fmt.Sprintf("ana %d", i))); err != nil {
 			t.Fatal(err)
 		}
 	}
 	phone, _ := dial(t, f.env, f.benDev[0])
-	a, err := phone.Ack(ctx(t), s09Conv, local)
+	a, err := phone.Ack(ctx(t), mdConv, local)
 	if err != nil || a.Delivered != 12 {
 		t.Fatalf("ack of the restored cursor 4: %+v %v, want delivered 12", a, err)
 	}
 	f.expect(phone, 14, 12, 8, 6)
-	more, upto := syncAll(t, phone, s09Conv, local)
-	s09Store(f.phoneLocal, more)
-	full, _ := syncAll(t, f.laptop, s09Conv, 0)
-	s09SameLog(t, f.phoneLocal, full)
-	if upto != 14 || s09Count(f.phoneLocal, "u-ana") != 12 {
-		t.Fatalf("after the re-sync: upto %d, %d messages", upto, s09Count(f.phoneLocal, ""))
+	more, upto := syncAll(t, phone, mdConv, local)
+	mdStore(f.phoneLocal, more)
+	full, _ := syncAll(t, f.laptop, mdConv, 0)
+	mdSameLog(t, f.phoneLocal, full)
+	if upto != 14 || mdCount(f.phoneLocal, "u-ana") != 12 {
+		t.Fatalf("after the re-sync: upto %d, %d messages", upto, mdCount(f.phoneLocal, ""))
 	}
-	if a, err := phone.Ack(ctx(t), s09Conv, upto); err != nil || a.Delivered != 14 {
+	if a, err := phone.Ack(ctx(t), mdConv, upto); err != nil || a.Delivered != 14 {
 		t.Fatalf("ack 14: %+v %v", a, err)
 	}
 	f.expect(phone, 14, 14, 8, 6)
 	f.expect(f.laptop, 14, 0, 8, 6)
 }
 
-// Test09FaultFormerMemberReadCapped — fault row "退群用户上报已读 | 上限为退群序号 |
-// 不会读到区间之外" (a user who left reports a read → capped at the leave
-// seq → never reads beyond the period; M2: never above the end of the
-// last membership period). u-ben reads 8, is removed (leave, seq 13),
+// TestFormerMemberReadCapped: a user who left reports a read; it is
+// capped at the leave seq, so the read position never goes above the end
+// of the user's last membership period. u-ben reads 8, is removed (leave, seq 13),
 // u-ana sends 14..16; u-ben reports 16 → 13, unread 0; above head →
 // CURSOR_AHEAD; lower → stays 13. He rejoins (17), u-ana sends 18, 19:
 // unread 2 (14..16 were outside his periods); he reads 19; he leaves
 // himself (20), u-ana sends 21; he reports 21 → 20.
-func Test09FaultFormerMemberReadCapped(t *testing.T) {
-	f := s09New(t)
+func TestFormerMemberReadCapped(t *testing.T) {
+	f := mdNew(t)
 	check := func(head, read, unread, lastTo int64) {
 		t.Helper()
 		f.expect(f.laptop, head, 0, read, unread)
-		if d := unreadByDefinition(t, f.pg, "u-ben", s09Conv); d != unread {
+		if d := unreadByDefinition(t, f.pg, "u-ben", mdConv); d != unread {
 			t.Fatalf("unread by definition %d, want %d", d, unread)
 		}
-		snap, err := f.laptop.Snapshot(ctx(t), []wire.ConvAfter{{Conv: s09Conv, After: head}})
+		snap, err := f.laptop.Snapshot(ctx(t), []wire.ConvAfter{{Conv: mdConv, After: head}})
 		if err != nil || snap.Items[0].Error != "" || snap.Items[0].Read != read || snap.Items[0].Unread != unread {
 			t.Fatalf("snapshot: %+v %v, want read %d unread %d", snap, err, read, unread)
 		}
@@ -844,134 +834,132 @@ func Test09FaultFormerMemberReadCapped(t *testing.T) {
 			t.Fatalf("read_positions %d, want %d (end of the last period %d)", v, read, lastTo)
 		}
 	}
-	if r, err := f.phone.Read(ctx(t), s09Conv, 8); err != nil || r.Read != 8 {
+	if r, err := f.phone.Read(ctx(t), mdConv, 8); err != nil || r.Read != 8 {
 		t.Fatalf("read 8: %+v %v", r, err)
 	}
 	var rm struct {
 		Head int64 `json:"head"`
 	}
-	if st := f.env.Admin(t, "DELETE", "/v1/conversations/"+s09Conv+"/members/u-ben", nil, &rm); st != http.StatusOK || rm.Head != 13 {
+	if st := f.env.Admin(t, "DELETE", "/v1/conversations/"+mdConv+"/members/u-ben", nil, &rm); st != http.StatusOK || rm.Head != 13 {
 		t.Fatalf("removing u-ben: %d head %d, want 200 head 13", st, rm.Head)
 	}
 	for i := 11; i <= 13; i++ {
-		if _, err := f.ana.Send(ctx(t), s09Conv, fmt.Sprintf("a%d", i), []byte("x")); err != nil {
+		if _, err := f.ana.Send(ctx(t), mdConv, fmt.Sprintf("a%d", i), []byte("x")); err != nil {
 			t.Fatal(err)
 		}
 	}
 	check(16, 8, 4, 13) // 9..12 unread; 14..16 are outside his period
-	r, err := f.phone.Read(ctx(t), s09Conv, 16)
+	r, err := f.phone.Read(ctx(t), mdConv, 16)
 	if err != nil || r.Read != 13 || r.Unread != 0 {
 		t.Fatalf("former member reads 16: %+v %v, want read 13 (the leave seq) unread 0", r, err)
 	}
-	_, err = f.phone.Read(ctx(t), s09Conv, 17)
-	s09WantCode(t, "former member reads above head", err, wire.CursorAhead)
-	if r, err := f.laptop.Read(ctx(t), s09Conv, 10); err != nil || r.Read != 13 || r.Unread != 0 {
+	_, err = f.phone.Read(ctx(t), mdConv, 17)
+	mdWantCode(t, "former member reads above head", err, wire.CursorAhead)
+	if r, err := f.laptop.Read(ctx(t), mdConv, 10); err != nil || r.Read != 13 || r.Unread != 0 {
 		t.Fatalf("former member reads 10: %+v %v, want read 13", r, err)
 	}
 	check(16, 13, 0, 13)
 
-	if st := f.env.Admin(t, "POST", "/v1/conversations/"+s09Conv+"/members", map[string]any{"users": []string{"u-ben"}}, &rm); st != http.StatusOK || rm.Head != 17 {
+	if st := f.env.Admin(t, "POST", "/v1/conversations/"+mdConv+"/members", map[string]any{"users": []string{"u-ben"}}, &rm); st != http.StatusOK || rm.Head != 17 {
 		t.Fatalf("re-adding u-ben: %d head %d", st, rm.Head)
 	}
 	for i := 14; i <= 15; i++ {
-		if _, err := f.ana.Send(ctx(t), s09Conv, fmt.Sprintf("a%d", i), []byte("x")); err != nil {
+		if _, err := f.ana.Send(ctx(t), mdConv, fmt.Sprintf("a%d", i), []byte("x")); err != nil {
 			t.Fatal(err)
 		}
 	}
 	check(19, 13, 2, 1<<62)
-	if r, err := f.phone.Read(ctx(t), s09Conv, 19); err != nil || r.Read != 19 || r.Unread != 0 {
+	if r, err := f.phone.Read(ctx(t), mdConv, 19); err != nil || r.Read != 19 || r.Unread != 0 {
 		t.Fatalf("member again reads 19: %+v %v", r, err)
 	}
-	lv, err := f.phone.Leave(ctx(t), s09Conv)
+	lv, err := f.phone.Leave(ctx(t), mdConv)
 	if err != nil || lv.Head != 20 {
 		t.Fatalf("leave: %+v %v, want head 20", lv, err)
 	}
-	if _, err := f.ana.Send(ctx(t), s09Conv, "a16", []byte("x")); err != nil {
+	if _, err := f.ana.Send(ctx(t), mdConv, "a16", []byte("x")); err != nil {
 		t.Fatal(err)
 	}
-	r, err = f.laptop.Read(ctx(t), s09Conv, 21)
+	r, err = f.laptop.Read(ctx(t), mdConv, 21)
 	if err != nil || r.Read != 20 || r.Unread != 0 {
 		t.Fatalf("former member reads 21: %+v %v, want read 20 (the second leave) unread 0", r, err)
 	}
 	check(21, 20, 0, 20)
 }
 
-// Test09FaultRecallUnread — fault row "撤回一条未读消息 | recalled_by 非空，计数排除 |
-// 未读数减一（第 11 篇）" (recalling an unread message → recalled_by set,
-// excluded from the count → unread drops by one). u-ben has read 8
+// TestRecallOfUnreadMessage: recalling an unread message sets its
+// recalled_by and takes it out of the count, so unread drops by one. u-ben has read 8
 // (unread 4); u-ana recalls 10 (unread): 3 on both devices, in snapshot
 // and in read_ok; recalling 5 (already read) and recalling 10 again
 // change nothing; the recall events themselves are not messages.
-func Test09FaultRecallUnread(t *testing.T) {
-	f := s09New(t)
-	if r, err := f.phone.Read(ctx(t), s09Conv, 8); err != nil || r.Unread != 4 {
+func TestRecallOfUnreadMessage(t *testing.T) {
+	f := mdNew(t)
+	if r, err := f.phone.Read(ctx(t), mdConv, 8); err != nil || r.Unread != 4 {
 		t.Fatalf("read 8: %+v %v", r, err)
 	}
-	rc, err := f.ana.Recall(ctx(t), s09Conv, 10)
+	rc, err := f.ana.Recall(ctx(t), mdConv, 10)
 	if err != nil || rc.Seq != 13 || rc.Target != 10 {
 		t.Fatalf("recall 10: %+v %v", rc, err)
 	}
 	f.expect(f.phone, 13, 0, 8, 3)
 	f.expect(f.laptop, 13, 0, 8, 3)
-	if r, err := f.laptop.Read(ctx(t), s09Conv, 8); err != nil || r.Read != 8 || r.Unread != 3 {
+	if r, err := f.laptop.Read(ctx(t), mdConv, 8); err != nil || r.Read != 8 || r.Unread != 3 {
 		t.Fatalf("read_ok after the recall: %+v %v, want unread 3", r, err)
 	}
-	snap, err := f.phone.Snapshot(ctx(t), []wire.ConvAfter{{Conv: s09Conv, After: 12}})
+	snap, err := f.phone.Snapshot(ctx(t), []wire.ConvAfter{{Conv: mdConv, After: 12}})
 	if err != nil || snap.Items[0].Unread != 3 || len(snap.Items[0].Events) != 1 || snap.Items[0].Events[0].Kind != "recall" {
 		t.Fatalf("snapshot after the recall: %+v %v", snap, err)
 	}
-	if _, err := f.ana.Recall(ctx(t), s09Conv, 5); err != nil { // already read: unread unchanged
+	if _, err := f.ana.Recall(ctx(t), mdConv, 5); err != nil { // already read: unread unchanged
 		t.Fatal(err)
 	}
-	again, err := f.ana.Recall(ctx(t), s09Conv, 10)
+	again, err := f.ana.Recall(ctx(t), mdConv, 10)
 	if err != nil || again.Seq != 13 {
 		t.Fatalf("recalling 10 again: %+v %v, want the first recall_ok (seq 13)", again, err)
 	}
 	// head 14: 14 is the recall of 5; the repeated recall of 10 is
 	// answered before any seq is allocated, so it takes none.
 	f.expect(f.phone, 14, 0, 8, 3)
-	if d := unreadByDefinition(t, f.pg, "u-ben", s09Conv); d != 3 {
+	if d := unreadByDefinition(t, f.pg, "u-ben", mdConv); d != 3 {
 		t.Fatalf("unread by definition %d", d)
 	}
 	if it := f.item(f.ana); it.Unread != 0 {
 		t.Fatalf("u-ana's unread %d, want 0", it.Unread)
 	}
-	if r, err := f.phone.Read(ctx(t), s09Conv, 14); err != nil || r.Read != 14 || r.Unread != 0 {
+	if r, err := f.phone.Read(ctx(t), mdConv, 14); err != nil || r.Read != 14 || r.Unread != 0 {
 		t.Fatalf("read to the end: %+v %v", r, err)
 	}
 }
 
-// Test09FaultDeviceNeverReturns — fault row "设备丢失（不再上线） | 送达游标停留 |
-// 不影响其他设备与已读；设备注销不在范围内" (a device is lost and never comes
-// back → its cursor stays → other devices and the read position are not
-// affected). The laptop acks 3 and disappears; the phone keeps syncing,
+// TestLostDeviceLeavesOthersAlone: a device is lost and never comes back;
+// its cursor stays where it was, and the other devices and the read
+// position are not affected. The laptop acks 3 and disappears; the phone keeps syncing,
 // acking and reading while u-ana sends 5 more; the phone ends at
 // delivered 17, read 17, unread 0; the laptop's cursor stays 3.
-func Test09FaultDeviceNeverReturns(t *testing.T) {
-	f := s09New(t)
-	if a, err := f.laptop.Ack(ctx(t), s09Conv, 3); err != nil || a.Delivered != 3 {
+func TestLostDeviceLeavesOthersAlone(t *testing.T) {
+	f := mdNew(t)
+	if a, err := f.laptop.Ack(ctx(t), mdConv, 3); err != nil || a.Delivered != 3 {
 		t.Fatalf("laptop ack 3: %+v %v", a, err)
 	}
 	f.laptop.Close() // gone for good
-	_, upto := syncAll(t, f.phone, s09Conv, 0)
-	if a, err := f.phone.Ack(ctx(t), s09Conv, upto); err != nil || a.Delivered != 12 {
+	_, upto := syncAll(t, f.phone, mdConv, 0)
+	if a, err := f.phone.Ack(ctx(t), mdConv, upto); err != nil || a.Delivered != 12 {
 		t.Fatalf("phone ack: %+v %v", a, err)
 	}
-	if r, err := f.phone.Read(ctx(t), s09Conv, 12); err != nil || r.Read != 12 || r.Unread != 0 {
+	if r, err := f.phone.Read(ctx(t), mdConv, 12); err != nil || r.Read != 12 || r.Unread != 0 {
 		t.Fatalf("phone read 12: %+v %v", r, err)
 	}
 	for i := 11; i <= 15; i++ {
-		s, err := f.ana.Send(ctx(t), s09Conv, fmt.Sprintf("a%d", i), []byte("x"))
+		s, err := f.ana.Send(ctx(t), mdConv, fmt.Sprintf("a%d", i), []byte("x"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		waitPush(t, f.phoneF, s09Conv, s.Seq)
+		waitPush(t, f.phoneF, mdConv, s.Seq)
 	}
 	f.expect(f.phone, 17, 12, 12, 5)
-	if a, err := f.phone.Ack(ctx(t), s09Conv, 17); err != nil || a.Delivered != 17 {
+	if a, err := f.phone.Ack(ctx(t), mdConv, 17); err != nil || a.Delivered != 17 {
 		t.Fatalf("phone ack 17: %+v %v", a, err)
 	}
-	if r, err := f.phone.Read(ctx(t), s09Conv, 17); err != nil || r.Read != 17 || r.Unread != 0 {
+	if r, err := f.phone.Read(ctx(t), mdConv, 17); err != nil || r.Read != 17 || r.Unread != 0 {
 		t.Fatalf("phone read 17: %+v %v", r, err)
 	}
 	f.expect(f.phone, 17, 17, 17, 0)
@@ -981,7 +969,7 @@ func Test09FaultDeviceNeverReturns(t *testing.T) {
 	if it := f.item(f.ana); it.Unread != 0 || it.Read != 0 {
 		t.Fatalf("u-ana: %+v", it)
 	}
-	if d := unreadByDefinition(t, f.pg, "u-ben", s09Conv); d != 0 {
+	if d := unreadByDefinition(t, f.pg, "u-ben", mdConv); d != 0 {
 		t.Fatalf("unread by definition %d, want 0", d)
 	}
 }
