@@ -1,4 +1,4 @@
-// Package admin is the admin HTTP API of PROTOCOL.md §7: JSON over HTTP on
+// Package admin is the admin HTTP API of docs/protocol.md §7: JSON over HTTP on
 // its own listener, every request authorised by the admin bearer token.
 // Operators, tests and the load tester provision users, devices and
 // conversations through it; the bulk forms take thousands per call.

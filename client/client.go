@@ -4,7 +4,7 @@ package client
 //
 // # The model, in one page
 //
-// A conversation is a log of events numbered 1, 2, 3 … (PROTOCOL.md §3).
+// A conversation is a log of events numbered 1, 2, 3 … (docs/protocol.md §3).
 // For every conversation it knows, the client keeps one number, the
 // cursor: the highest seq such that every seq ≤ cursor has been processed
 // (handed to OnEvent, or known to be invisible to this user). Everything
@@ -183,7 +183,7 @@ type Options struct {
 	//
 	// Exactly once holds within an epoch: if the server reports a new
 	// epoch for a conversation (it could no longer guarantee seq
-	// continuity, PROTOCOL.md §4), the client drops its cursor and
+	// continuity, docs/protocol.md §4), the client drops its cursor and
 	// delivers the conversation again from min_seq; the app should then
 	// drop what it stored for that conversation. The same happens if the
 	// cursor given to Watch is beyond the conversation's head

@@ -1,12 +1,12 @@
 package conn_test
 
-// Invariant R2 (DESIGN.md) and PROTOCOL.md §1 against a real in-process
-// server on real PostgreSQL and Redis: bad input gets a clear error or a
-// closed connection, never a crash, a hang, or another user's data. After
-// every bad-input case a second, well-behaved client must still auth, send,
-// receive a push and sync (assertServerHealthy).
+// Bad input and the framing of docs/protocol.md §1, against a real
+// in-process server on real PostgreSQL and Redis: bad input gets a clear
+// error or a closed connection, never a crash, a hang, or another user's
+// data. After every bad-input case a second, well-behaved client must
+// still auth, send, receive a push and sync (assertServerHealthy).
 //
-// The session rules of §2 are in session_test.go.
+// The session rules of docs/protocol.md §2 are in session_test.go.
 
 import (
 	"context"

@@ -84,7 +84,7 @@ func (g *Gateway) answer(s *Session, req *wire.Request, err error, ok any) {
 	s.reply(ok)
 }
 
-// wireError maps an internal error to its PROTOCOL.md code.
+// wireError maps an internal error to its error code (docs/protocol.md §6).
 func (g *Gateway) wireError(t string, err error) *wire.Error {
 	if e, ok := wire.AsError(err); ok {
 		return e

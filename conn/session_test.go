@@ -1,8 +1,8 @@
 package conn_test
 
-// The session rules of PROTOCOL.md §2 (auth first and in time, AUTH_FAILED,
-// ping, idle_timeout, replacement) and the rid rules of §1, against a real
-// server. Helpers are in gateway_test.go.
+// The session rules of docs/protocol.md §2 (auth first and in time,
+// AUTH_FAILED, ping, idle_timeout, replacement) and the rid rules of its
+// §1, against a real server. Helpers are in gateway_test.go.
 
 import (
 	"context"
@@ -169,9 +169,9 @@ func TestSession(t *testing.T) {
 		assertServerHealthy(t, env)
 	})
 
-	// PROTOCOL.md: ping "is always answered", and auth must be the first
-	// frame. The gateway answers ping before auth without counting it as
-	// the first frame: a client may ping, then authenticate.
+	// docs/protocol.md §2: ping is always answered, and auth must be the
+	// first frame. The gateway answers ping before auth without counting
+	// it as the first frame: a client may ping, then authenticate.
 	t.Run("PingBeforeAuth", func(t *testing.T) {
 		t.Parallel()
 		r := dialRaw(t, env)

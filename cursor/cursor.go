@@ -5,7 +5,8 @@
 // the hash_max script. The Redis hashes are a hot copy for the tiered
 // fan-out to come; nothing reads them yet (convs, read and the redelivery
 // scan use PostgreSQL and the gateway's own state). An ack from a
-// connection of an older install of the device changes nothing (M5).
+// connection of an older install of the device changes nothing (after a
+// reinstall, the old install's acks are refused with STALE_INSTALL).
 package cursor
 
 import (

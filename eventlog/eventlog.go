@@ -379,7 +379,7 @@ func (l *Log) fenceLoop() {
 	}
 }
 
-// Sync reads user's page of conv after `after` (PROTOCOL.md §4 sync).
+// Sync reads user's page of conv after `after` (docs/protocol.md §4 sync).
 func (l *Log) Sync(ctx context.Context, conv, user string, after int64, limit int) (store.Page, error) {
 	for attempt := 0; ; attempt++ {
 		p, err := l.st.ReadPage(ctx, conv, user, after, limit)

@@ -1,8 +1,9 @@
 // Package fanout delivers committed events to the online devices of the
-// members who may see them, by tier (seed 003; docs/fanout.md). Push-tier
+// members who may see them, by tier (docs/fanout.md, "Tiers"). Push-tier
 // conversations (fewer than write_fanout_max members) fan out by their
-// recipients, the members whose periods contain the event's seq (G1),
-// whose devices it looks up in the routing table; online- and pull-tier
+// recipients, the members whose periods contain the event's seq (no
+// user receives an event outside their membership periods), whose
+// devices it looks up in the routing table; online- and pull-tier
 // conversations fan out from their online index (package route), so a
 // message costs its online devices, not its members. Each push frame is
 // encoded once and handed to the gateways holding the devices: directly
@@ -406,7 +407,7 @@ func PushFrame(e store.Event) ([]byte, error) {
 }
 
 // Mode is the fan-out tier of a conversation with n current members
-// (PROTOCOL.md §4 convs.mode): "push" below writeMax, "online" up to
+// (docs/protocol.md §4 convs.mode): "push" below writeMax, "online" up to
 // onlineMax, "pull" above.
 func Mode(n int64, writeMax, onlineMax int) string {
 	switch {

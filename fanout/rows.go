@@ -15,9 +15,9 @@ import (
 )
 
 // Rows keeps every user's conversation rows, the per-member half of write
-// fan-out (seed 003): one Redis sorted set per user, key rows:{user},
-// member a conversation id, score the ts of the newest event of that
-// conversation the user may see. convs orders a user's push-tier
+// fan-out (docs/fanout.md, "Conversation rows"): one Redis sorted set per
+// user, key rows:{user}, member a conversation id, score the ts of the newest
+// event of that conversation the user may see. convs orders a user's push-tier
 // conversations by them instead of probing every conversation's log.
 //
 // Row writes are durable work: after a commit, fan-out appends one job

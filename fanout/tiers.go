@@ -60,7 +60,7 @@ func (f *Fanout) deliverBig(ctx context.Context, evs []eventlog.Committed) error
 			}
 			users := map[string]bool{}
 			for _, r := range entries {
-				// G1: nothing below the start of the member's period.
+				// Nothing below the start of the member's period.
 				if r.FromSeq > e.Seq || r.Device == e.Device {
 					continue
 				}

@@ -19,7 +19,7 @@ const (
 	bulkConvs = 1000
 )
 
-// Admin provisions through the admin API's bulk forms (PROTOCOL.md §7,
+// Admin provisions through the admin API's bulk forms (docs/protocol.md §7,
 // admin/admin.go).
 type Admin struct {
 	base  string

@@ -333,7 +333,7 @@ func (c *Conn) sentBy(cmid string) bool {
 	return ok && err == nil && int(n) == c.idx
 }
 
-// hinted records a hint (PROTOCOL.md §5: "you are behind in conv, sync
+// hinted records a hint (docs/protocol.md §5: "you are behind in conv, sync
 // it") and queues c for a syncer, as a real client would sync.
 func (c *Conn) hinted(conv string, head int64) {
 	c.mu.Lock()

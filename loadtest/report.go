@@ -61,7 +61,7 @@ type Report struct {
 	Syncs                int64            `json:"syncs"` // sync pages read after hints
 	Kicks                int64            `json:"kicks"`
 	Disconnects          int64            `json:"disconnects"`
-	Errors               map[string]int64 `json:"errors"` // code → count (PROTOCOL.md §6 codes and the tool's own)
+	Errors               map[string]int64 `json:"errors"` // code → count (docs/protocol.md §6 codes and the tool's own)
 
 	SendOKMs      Summary `json:"send_ok_ms"`      // send → send_ok, from the intended start
 	PushMs        Summary `json:"push_ms"`         // send → push at the receiver, from the intended start

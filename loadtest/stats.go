@@ -124,7 +124,7 @@ func round3(x float64) float64 {
 	return float64(int64(x*1000+0.5)) / 1000
 }
 
-// Errors counts errors by code: the protocol's error codes (PROTOCOL.md
+// Errors counts errors by code: the protocol's error codes (docs/protocol.md
 // §6) and the load tool's own (NO_REPLY, CONN_CLOSED, CLIENT_BACKLOG, …).
 type Errors struct {
 	mu sync.Mutex

@@ -170,7 +170,7 @@ func (t *Tracker) Pushed(c *convTrack, i int, seq int64) bool {
 		t.duplicated.Add(1)
 		return false
 	case own:
-		// The sending device gets send_ok instead of a push (PROTOCOL.md §4).
+		// The sending device gets send_ok instead of a push (docs/protocol.md §4).
 		t.unexpected.Add(1)
 		return false
 	case synced:

@@ -23,7 +23,8 @@ import (
 //
 // Entries of a gateway whose lease is gone are ignored and reaped, like
 // routes. from_seq is the start of the member's current period: an event
-// below it is never pushed to the device (G1).
+// below it is never pushed to the device (membership periods bound what
+// a user receives).
 
 // Membership is a current membership period's start.
 type Membership struct {

@@ -2,7 +2,7 @@
 // connection of each online device. Entries live in one hash per user
 // ({user}-tagged), written by the route_set script with a fencing token,
 // so a registration from an older connection or a late write from an old
-// gateway never overwrites a newer one (R1). Each gateway holds a lease
+// gateway never overwrites a newer one. Each gateway holds a lease
 // key naming its boot id; entries of a gateway whose lease has expired (or
 // that rebooted) are ignored, and reaped when seen.
 package route

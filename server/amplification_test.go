@@ -15,11 +15,11 @@ import (
 	"github.com/parley-im/parley/internal/testenv"
 )
 
-// BenchmarkWriteAmplification measures the writes one message costs in
-// each fan-out tier (seed 003's cost table): a group of 40 members, 8 of
-// them online, one member sending. Each tier gets its own database and
-// its own redis-server, so PostgreSQL's row counters and Redis's command
-// counters see only this traffic. Reported per message:
+// BenchmarkWriteAmplification measures the writes one message costs in each
+// fan-out tier (the model column of docs/fanout.md, "Tiers"): a group of 40
+// members, 8 of them online, one member sending. Each tier gets its own
+// database and its own redis-server, so PostgreSQL's row counters and Redis's
+// command counters see only this traffic. Reported per message:
 //
 //   - pg-rows/msg: rows added to PostgreSQL (the event; plus one update
 //     of the conversation's dense_seq watermark per second, not counted);

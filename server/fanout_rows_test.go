@@ -86,8 +86,10 @@ func TestConvsOrderFollowsRows(t *testing.T) {
 	})
 }
 
-// TestFaultFanoutWorkerKilledMidFanout (G3): a fan-out worker takes
-// row-write entries from the stream and dies before finishing them. The
+// TestFaultFanoutWorkerKilledMidFanout: a fan-out that fails halfway is
+// finished by another worker and never undoes the commit. A fan-out
+// worker takes row-write entries from the stream and dies before
+// finishing them. The
 // messages stay committed, online devices still get every push, and once
 // the entries have been idle for fanout_claim_idle another worker claims
 // them and every member's row converges. Counts confirmed messages lost,

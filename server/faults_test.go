@@ -4,8 +4,10 @@ package server_test
 
 // Fault experiments: a steady load of group messages while a backend or a
 // gateway fails, each ending with the count of confirmed messages lost,
-// duplicated and delivered out of order, all of which must be 0 (D1, D2,
-// D3, R1). The load is a few senders (client.Conn with retries by the same
+// duplicated and delivered out of order, all of which must be 0: what was
+// confirmed is never lost, a syncing client never skips an event, a
+// resent message is stored once, and a dead gateway's routes stop being
+// used. The load is a few senders (client.Conn with retries by the same
 // cmid, which see every error code, and one client.Client) sending to one
 // group at a modest rate, and online receivers (client.Client, the
 // reference client) that must end with every confirmed message exactly
@@ -14,12 +16,8 @@ package server_test
 //
 // Not here:
 //   - slow consumer: conn/gateway_test.go TestSlowConsumer.
-//   - killing a fan-out worker: fan-out runs in-process (fanout.Fanout
-//     goroutines fed by the commit path), so there is no separate worker
-//     to kill yet; it dies with its gateway, which
-//     TestFaultGatewaySIGKILLMidLoad covers. When fan-out moves to a
-//     durable Redis Stream consumed by workers (DESIGN.md G3), add the
-//     experiment here.
+//   - killing a fan-out worker: server/fanout_rows_test.go
+//     TestFaultFanoutWorkerKilledMidFanout.
 
 import (
 	"context"
@@ -752,7 +750,7 @@ func TestFaultGatewaySIGKILLMidLoad(t *testing.T) {
 	var routed, resynced, leaseGone time.Duration
 	converged := make([]bool, len(moved))
 	for deadline := killedAt.Add(20 * time.Second); time.Now().Before(deadline) && (routed == 0 || resynced == 0 || leaseGone == 0); time.Sleep(10 * time.Millisecond) {
-		// R1: the dead gateway's lease (and with it every entry naming
+		// The dead gateway's lease (and with it every entry naming
 		// it) expires within gateway_lease.
 		if leaseGone == 0 {
 			n, err := rdb.Exists(context.Background(), cfg.RedisPrefix+"gw:"+gw1.Cfg.GatewayID).Result()

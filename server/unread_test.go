@@ -70,7 +70,8 @@ func unreadByDefinition(t testing.TB, q urQuerier, user, conv string) int64 {
 // snapshot must give read = the stored read position = the model's, and
 // unread = the SQL definition on PostgreSQL = the model's count; and
 // always unread <= head - read, read <= head, read <= the end of the
-// user's last membership period (M2), delivered = the model's (M1, M3).
+// user's last membership period, delivered = the model's (cursors only
+// grow, never above head, and reads never move them).
 func TestUnreadMatchesDefinitionRandomized(t *testing.T) {
 	seed := time.Now().UnixNano()
 	if s := os.Getenv("PARLEY_UNREAD_SEED"); s != "" {
@@ -376,7 +377,7 @@ func (h *urHistory) loseSeq(c *urConv) {
 }
 
 // sync pages through c from 0 as u (by upto only): the messages it returns
-// are exactly those inside u's periods (G1), recalled ones marked.
+// are exactly those inside u's periods, recalled ones marked.
 func (h *urHistory) sync(c *urConv, u *urUser) {
 	conn, dev := h.pick(u)
 	var after int64
@@ -601,7 +602,9 @@ func (h *urHistory) ack(c *urConv, u *urUser) {
 }
 
 // check compares every user's convs and snapshot with the SQL definition
-// and the model, and checks M1/M2 on the stored tables.
+// and the model, and checks on the stored tables that no delivery cursor
+// is above head and no read position above head or the end of the user's
+// last membership period.
 func (h *urHistory) check() {
 	h.checks++
 	heads := map[string]int64{}
@@ -654,7 +657,8 @@ func (h *urHistory) check() {
 			}
 		}
 	}
-	// M2 and M1 on the stored tables of this history.
+	// Read positions and delivery cursors within their bounds, on the
+	// stored tables of this history.
 	var badRead, badCursor int
 	prefix := fmt.Sprintf("r%02d-", h.n)
 	if err := h.pg.QueryRow(h.ctx(), `SELECT count(*) FROM read_positions rp

@@ -262,7 +262,7 @@ type ConvSeq struct {
 }
 
 // Recipients returns, for each event, the users whose membership periods
-// contain its seq (G1: nobody sees an event outside their periods).
+// contain its seq (nobody sees an event outside their periods).
 func (s *Store) Recipients(ctx context.Context, evs []ConvSeq) ([][]string, error) {
 	convs := make([]string, len(evs))
 	seqs := make([]int64, len(evs))

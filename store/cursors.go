@@ -81,7 +81,7 @@ SELECT coalesce((SELECT install_epoch = $3 FROM devices WHERE device_id = $1), f
 // merged value); if the largest is refused for its seq (CURSOR_AHEAD),
 // the smaller ones are tried again without it, so a bad ack never takes
 // a good one down with it. An ack whose epoch is not the device's current
-// install_epoch changes nothing (M5).
+// install_epoch changes nothing (the old install of a reinstalled device).
 func (s *Store) MergeCursors(ctx context.Context, ups []CursorUpdate) ([]CursorResult, error) {
 	res := make([]CursorResult, len(ups))
 	todo := make([]int, len(ups)) // indexes of ups not answered yet

@@ -138,8 +138,8 @@ func (s *Store) insertMessages(ctx context.Context, msgs []NewMessage, recipient
 	res := make([]InsertResult, n)
 	// One statement is one transaction: a single round trip and one WAL
 	// flush commit the whole batch. The same statement reads the
-	// recipients of each inserted row in a small conversation (G1: the
-	// membership periods that contain its seq).
+	// recipients of each inserted row in a small conversation (the members
+	// whose membership periods contain its seq).
 	query := insertMessagesPlainSQL
 	if tolerant {
 		query = insertMessagesTolerantSQL

@@ -12,8 +12,8 @@ import (
 )
 
 // unreadSQL counts the unread messages of user $1 in conversation $2 above
-// read position $3 (M4, seed 000 §5.2) with the parley_unread function of
-// migration 0004: derived from the events on every call, never stored
+// read position $3 with the parley_unread function of migration 0004:
+// derived from the events on every call, never stored
 // (docs/consistency.md, "Unread counts").
 const unreadSQL = `SELECT parley_unread($2, $1, $3)`
 
@@ -36,9 +36,9 @@ type ReadResult struct {
 
 // markReadsSQL merges a batch of read reports (one per (user, conv)) in one
 // statement: each is capped at the end of the user's last membership period
-// (M2) and max-merged (GREATEST); unread is derived for the merged value.
-// parley_unread_of sees the statement's snapshot, which does not include the
-// upsert, so it is given the merged value explicitly.
+// and max-merged (GREATEST), so it never goes back; unread is derived for
+// the merged value. parley_unread_of sees the statement's snapshot, which
+// does not include the upsert, so it is given the merged value explicitly.
 const markReadsSQL = `
 WITH input AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY AS i(usr, conv, seq, idx)

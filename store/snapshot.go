@@ -28,11 +28,11 @@ type SnapshotQuery struct {
 	Afters []int64
 }
 
-// Snapshot is the batched login pull (seed 003): for each (conv, after),
-// with gap = head - after: nothing if the gap is 0; every visible event
-// after `after` if the gap is at most fullMax; otherwise the newest tail
-// visible events and how many visible events were skipped. Every item
-// comes from one consistent snapshot of the database.
+// Snapshot is the batched login pull (docs/protocol.md §4 snapshot): for each
+// (conv, after), with gap = head - after: nothing if the gap is 0; every
+// visible event after `after` if the gap is at most fullMax; otherwise the
+// newest tail visible events and how many visible events were skipped. Every
+// item comes from one consistent snapshot of the database.
 func (s *Store) Snapshot(ctx context.Context, user string, convs []string, afters []int64, fullMax, tail int) ([]SnapshotItem, error) {
 	out, err := s.SnapshotBatch(ctx, []SnapshotQuery{{User: user, Convs: convs, Afters: afters}}, fullMax, tail)
 	if err != nil {

@@ -17,7 +17,8 @@ import (
 // SnapshotBatch answers the snapshot requests of several users with one
 // statement, reading the rows of a range of events once for everyone who
 // asks for it. What each user gets must still be exactly their own
-// (invariant G1, PROTOCOL.md §4 snapshot): here three users whose
+// (membership periods bound what a user sees; docs/protocol.md §4
+// snapshot): here three users whose
 // membership periods differ, asking for the same ranges in one batch, and
 // each request's answer equals the one it gets alone.
 func TestSnapshotBatchKeepsVisibilityPerUser(t *testing.T) {

@@ -31,7 +31,7 @@ import (
 //     its seqs at or below dense_seq;
 //   - unread: for every user and a sample of read positions (every one
 //     from 0 to head at the end), parley_unread equals the SQL definition
-//     of seed 000 §5.2.
+//     (parleytest.UnreadDefinitionSQL).
 //
 // PARLEY_UNREAD_SEED=N replays a history.
 func TestUnreadBucketsMatchDefinition(t *testing.T) {

@@ -5,10 +5,11 @@ import (
 	"fmt"
 )
 
-// Code is an error code of PROTOCOL.md §6, sent as the `code` of an error frame.
+// Code is an error code of docs/protocol.md §6, sent as the `code` of an error
+// frame.
 type Code string
 
-// The error codes of PROTOCOL.md §6.
+// The error codes of docs/protocol.md §6.
 const (
 	BadFrame        Code = "BAD_FRAME"       // framing broken or body not a decodable map with a known `t`
 	TooLarge        Code = "TOO_LARGE"       // frame over max_frame, or send body over max_body
@@ -27,7 +28,7 @@ const (
 	Internal        Code = "INTERNAL"        // a server bug
 )
 
-// Codes lists every error code, in PROTOCOL.md order.
+// Codes lists every error code, in docs/protocol.md order.
 var Codes = []Code{
 	BadFrame, TooLarge, BadRequest, Unauthenticated, AuthFailed, NotMember,
 	CursorAhead, StaleInstall, NotFound, Exists, NotSender, RecallWindow,

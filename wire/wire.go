@@ -1,5 +1,5 @@
 // Package wire is Parley's frame format: length-prefixed msgpack maps, the
-// request and reply types, and the error codes of PROTOCOL.md. It imports
+// request and reply types, and the error codes of docs/protocol.md. It imports
 // neither gnet nor the store; the gateway, the client library and the load
 // tester all use it.
 //
@@ -19,8 +19,8 @@ import (
 // HeaderLen is the size of the big-endian length prefix of every frame.
 const HeaderLen = 4
 
-// DefaultMaxFrame is the protocol's default max_frame (PROTOCOL.md §1). It is
-// used by NextFrame and NewFrameReader when they are given max <= 0.
+// DefaultMaxFrame is the protocol's default max_frame (docs/protocol.md §1).
+// It is used by NextFrame and NewFrameReader when they are given max <= 0.
 const DefaultMaxFrame = 65536
 
 // NextFrame looks at buf (the bytes received so far). It returns

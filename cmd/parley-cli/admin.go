@@ -15,7 +15,7 @@ import (
 	"time"
 )
 
-// runAdmin is `parley-cli admin …`: the admin HTTP API (PROTOCOL.md §7),
+// runAdmin is `parley-cli admin …`: the admin HTTP API (docs/protocol.md §7),
 // enough to try Parley with nothing else.
 func runAdmin(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("parley-cli admin", flag.ContinueOnError)

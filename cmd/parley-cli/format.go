@@ -12,7 +12,7 @@ import (
 	"github.com/parley-im/parley/wire"
 )
 
-// ---- JSON shapes (field names as in PROTOCOL.md) ----
+// ---- JSON shapes (field names as in docs/protocol.md) ----
 
 // jsonEvent is an event. A msg's body is a string when it is valid UTF-8,
 // otherwise body_b64 holds it base64-encoded.

@@ -7,13 +7,13 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// UnreadDefinitionSQL is the unread count of seed 000 §5.2 (M4,
-// PROTOCOL.md §4 "unread"), written for the tests independently of the
-// server's query (store/migrations): the msg events of conv ($2) with seq
-// above read ($3), not recalled, not sent by user ($1), inside one of
-// user's membership periods [from_seq, to_seq] (to_seq NULL: still open).
-// Event kinds are those of store/migrations/0001_init.sql: 0 hole, 1 msg,
-// 2 join, 3 leave, 4 recall.
+// UnreadDefinitionSQL is the unread count as docs/consistency.md ("Unread
+// counts") and docs/protocol.md §4 ("unread") define it, written for the tests
+// independently of the server's query (store/migrations): the msg events of
+// conv ($2) with seq above read ($3), not recalled, not sent by user ($1),
+// inside one of user's membership periods [from_seq, to_seq] (to_seq NULL:
+// still open). Event kinds are those of store/migrations/0001_init.sql: 0
+// hole, 1 msg, 2 join, 3 leave, 4 recall.
 const UnreadDefinitionSQL = `
 SELECT count(*) FROM (
     SELECT DISTINCT e.seq

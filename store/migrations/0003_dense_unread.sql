@@ -17,8 +17,9 @@ CREATE INDEX events_by_sender ON events (conv_id, sender, seq) WHERE kind = 1 AN
 
 -- parley_unread(conv, user, read): the number of msg events of conv inside
 -- one of user's membership periods, not recalled, not sent by user, with
--- seq > read (seed 000 §5.2). STABLE: it sees the calling statement's
--- snapshot, so it agrees with the head and read read beside it.
+-- seq > read (docs/consistency.md, "Unread counts"). STABLE: it sees the
+-- calling statement's snapshot, so it agrees with the head and read read
+-- beside it.
 CREATE FUNCTION parley_unread(p_conv text, p_user text, p_read bigint) RETURNS bigint
 LANGUAGE plpgsql STABLE AS $$
 DECLARE

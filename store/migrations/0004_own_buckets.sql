@@ -43,10 +43,10 @@ SELECT e.conv_id, e.sender, e.seq >> s.bucket_bits, count(*)
 
 -- parley_unread_of(conv, user, read): one row, the number of msg events of
 -- conv inside one of user's membership periods, not recalled, not sent by
--- user, with seq > read (seed 000 §5.2). A set-returning SQL function of
--- one SELECT, so the planner inlines it into the calling query (use it in
--- FROM, LATERAL): a page of conversations is one plan whose index scans
--- are re-run per conversation, not a function call per row with its own
+-- user, with seq > read. A set-returning SQL function of one SELECT, so
+-- the planner inlines it into the calling query (use it in FROM,
+-- LATERAL): a page of conversations is one plan whose index scans are
+-- re-run per conversation, not a function call per row with its own
 -- executor start-up. STABLE: it sees the caller's snapshot.
 --
 -- Per membership period [from, to] (to: head if open), unread counts the
