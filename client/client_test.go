@@ -674,9 +674,9 @@ func TestSendRetriedAfterLostReply(t *testing.T) {
 	}
 
 	// Each duplicate attempt that reached the server consumed a seq, which
-	// the server fenced as a hole (docs/consistency.md, "A duplicate
-	// (sender, cmid)"): head may be
-	// above 3, with nothing visible above 3.
+	// the server fenced as a hole (docs/consistency.md, "Seqs come from
+	// Redis, PostgreSQL has the last word"): head may be above 3, with
+	// nothing visible above 3.
 	raw := dialRaw(t, env.Addr, ben[1]) // another device: ben[0] is B's
 	n := 0
 	for _, ev := range syncAll(t, raw, "g5") {

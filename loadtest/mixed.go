@@ -395,7 +395,7 @@ func groupMembers(users, groups, size int, rng *rand.Rand) [][]int32 {
 	return out
 }
 
-// runMixed is scenario mixed, a load model like the seed series': Users
+// runMixed is scenario mixed, a load model of a mobile user base: Users
 // users with DevicesPerUser devices each on average, all connected; each
 // user in Directs direct conversations and in the groups (Groups of
 // Size, members drawn at random). Send k goes from a random user (of
