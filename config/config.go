@@ -107,12 +107,11 @@ type Config struct {
 	// CommitBatch is the most sends (or acks) one PostgreSQL transaction
 	// commits together.
 	CommitBatch int `yaml:"commit_batch" default:"256"`
-	// CommitWorkers is how many group-commit transactions may be in flight
-	// (reads get half as many; acks have AckWorkers). Fewer workers make bigger
-	// batches, hence less CPU and lower latency at moderate load, but a
-	// lower peak: on the 2-core reference machine, 2 workers with a 2ms
-	// linger cut machine CPU at 10,000 sends/s by 15% and send_ok p99 by
-	// a fifth, and peaked at 22,000 sends/s instead of 27,800.
+	// CommitWorkers is how many group-commit transactions of sends may be
+	// in flight (reads get half as many; acks have AckWorkers); full
+	// batches under a backlog may use half as many again. Fewer workers
+	// make bigger batches, hence less CPU and lower latency at moderate
+	// load, but a lower peak (docs/operations.md, "Group commit settings").
 	CommitWorkers int `yaml:"commit_workers" default:"4"`
 	// RedeliveryDelay: a device that has not acked a pushed event this long
 	// after the push gets a hint for that conversation (repeated with
