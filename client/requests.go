@@ -1,0 +1,115 @@
+package client
+
+import (
+	"context"
+
+	"github.com/parley-im/parley/wire"
+)
+
+// The thin request wrappers wait for a connection (bounded by ctx), send
+// one request on it with the per-request timeout, and do not retry
+// (members_add, for one, is not idempotent: a retry would append a second
+// join event). Replies that announce new events the server does not push
+// to this device (creations, membership changes, recalls made here) make
+// the client sync the conversation, so they reach OnEvent like everything
+// else.
+
+func (c *Client) do(ctx context.Context, f func(context.Context, *Conn) (wire.Message, error)) (wire.Message, error) {
+	conn, err := c.waitConn(ctx)
+	if err != nil {
+		return wire.Message{}, err
+	}
+	rctx, cancel := context.WithTimeout(ctx, c.opt.RequestTimeout)
+	defer cancel()
+	return f(rctx, conn)
+}
+
+// Read sets the user's read position in conv (max-merged by the server);
+// the reply carries the merged position and the unread count. The user's
+// other devices get read_changed; this one does not (OnReadChanged is not
+// called for it).
+func (c *Client) Read(ctx context.Context, conv string, seq int64) (wire.Message, error) {
+	return c.do(ctx, func(ctx context.Context, conn *Conn) (wire.Message, error) { return conn.Read(ctx, conv, seq) })
+}
+
+// Ack tells the server this device holds every event of conv up to seq
+// (with AutoAck the client does it by itself).
+func (c *Client) Ack(ctx context.Context, conv string, seq int64) (wire.Message, error) {
+	return c.do(ctx, func(ctx context.Context, conn *Conn) (wire.Message, error) { return conn.Ack(ctx, conv, seq) })
+}
+
+// CreateGroup creates a group with the caller and members (id "" lets the
+// server choose) and watches it.
+func (c *Client) CreateGroup(ctx context.Context, id, title string, members ...string) (wire.Message, error) {
+	r, err := c.do(ctx, func(ctx context.Context, conn *Conn) (wire.Message, error) {
+		return conn.CreateGroup(ctx, id, title, members...)
+	})
+	if err == nil {
+		c.follow(r.Conv, r.Head)
+	}
+	return r, err
+}
+
+// CreateDirect opens (or returns) the direct conversation with other and
+// watches it.
+func (c *Client) CreateDirect(ctx context.Context, other string) (wire.Message, error) {
+	r, err := c.do(ctx, func(ctx context.Context, conn *Conn) (wire.Message, error) { return conn.CreateDirect(ctx, other) })
+	if err == nil {
+		c.follow(r.Conv, r.Head)
+	}
+	return r, err
+}
+
+// AddMembers adds users to conv (one join event).
+func (c *Client) AddMembers(ctx context.Context, conv string, users ...string) (wire.Message, error) {
+	r, err := c.do(ctx, func(ctx context.Context, conn *Conn) (wire.Message, error) {
+		return conn.AddMembers(ctx, conv, users...)
+	})
+	if err == nil {
+		c.follow(conv, r.Head)
+	}
+	return r, err
+}
+
+// Leave leaves conv. The conversation stays known: its leave event is
+// still delivered, and a former member may still sync its history.
+func (c *Client) Leave(ctx context.Context, conv string) (wire.Message, error) {
+	r, err := c.do(ctx, func(ctx context.Context, conn *Conn) (wire.Message, error) { return conn.Leave(ctx, conv) })
+	if err == nil {
+		c.follow(conv, r.Head)
+	}
+	return r, err
+}
+
+// Recall recalls this user's message at seq. The recall event (reply's
+// Seq) reaches OnEvent; its Target is seq.
+func (c *Client) Recall(ctx context.Context, conv string, seq int64) (wire.Message, error) {
+	r, err := c.do(ctx, func(ctx context.Context, conn *Conn) (wire.Message, error) { return conn.Recall(ctx, conv, seq) })
+	if err == nil {
+		c.follow(conv, r.Seq)
+	}
+	return r, err
+}
+
+// Convs lists a page of the user's conversations (limit 0: server default;
+// pass the previous reply's Cursor for the next page).
+func (c *Client) Convs(ctx context.Context, limit int, cursor string) (wire.Message, error) {
+	return c.do(ctx, func(ctx context.Context, conn *Conn) (wire.Message, error) { return conn.Convs(ctx, limit, cursor) })
+}
+
+// Snapshot sends a snapshot request as is. Its events are not fed to
+// OnEvent (a snapshot may skip events; the cursor could not honestly
+// advance past them).
+func (c *Client) Snapshot(ctx context.Context, convs []wire.ConvAfter) (wire.Message, error) {
+	return c.do(ctx, func(ctx context.Context, conn *Conn) (wire.Message, error) { return conn.Snapshot(ctx, convs) })
+}
+
+// follow watches conv (from 0 if unknown) and makes sure events up to head
+// are fetched.
+func (c *Client) follow(conv string, head int64) {
+	if conv == "" {
+		return
+	}
+	c.lookup(conv, 0)
+	c.in.put(hintItem{conv: conv, head: head})
+}
