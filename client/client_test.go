@@ -19,9 +19,9 @@ import (
 	"time"
 
 	"github.com/parley-im/parley/client"
-	"github.com/parley-im/parley/internal/parleytest"
-	"github.com/parley-im/parley/internal/testenv"
 	"github.com/parley-im/parley/server"
+	"github.com/parley-im/parley/test/parleytest"
+	"github.com/parley-im/parley/test/testenv"
 	"github.com/parley-im/parley/wire"
 )
 

@@ -10,7 +10,7 @@ import (
 
 	"github.com/parley-im/parley/client"
 	"github.com/parley-im/parley/config"
-	"github.com/parley-im/parley/internal/parleytest"
+	"github.com/parley-im/parley/test/parleytest"
 	"github.com/parley-im/parley/wire"
 )
 

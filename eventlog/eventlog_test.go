@@ -11,10 +11,10 @@ import (
 	"time"
 
 	"github.com/parley-im/parley/eventlog"
-	"github.com/parley-im/parley/internal/parleytest"
 	"github.com/parley-im/parley/scripts"
 	"github.com/parley-im/parley/seq"
 	"github.com/parley-im/parley/store"
+	"github.com/parley-im/parley/test/parleytest"
 )
 
 // TestSendFansOutBeforeAnswering: a committed send is handed to fan-out

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/parley-im/parley/internal/parleytest"
+	"github.com/parley-im/parley/test/parleytest"
 )
 
 // TestMixed runs scenario mixed: 60 users with 1.5 devices each (30 of

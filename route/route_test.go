@@ -8,9 +8,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/parley-im/parley/internal/testenv"
 	"github.com/parley-im/parley/route"
 	"github.com/parley-im/parley/scripts"
+	"github.com/parley-im/parley/test/testenv"
 )
 
 // TestLookupOnClusterWithALeaseShardDown: on a Redis Cluster, the lease of

@@ -9,8 +9,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/parley-im/parley/internal/testenv"
 	"github.com/parley-im/parley/scripts"
+	"github.com/parley-im/parley/test/testenv"
 )
 
 // allocBoth runs seq_alloc on k1 and k2 in one RunPipelined and returns

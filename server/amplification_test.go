@@ -11,8 +11,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/parley-im/parley/client"
-	"github.com/parley-im/parley/internal/parleytest"
-	"github.com/parley-im/parley/internal/testenv"
+	"github.com/parley-im/parley/test/parleytest"
+	"github.com/parley-im/parley/test/testenv"
 )
 
 // BenchmarkWriteAmplification measures the writes one message costs in each

@@ -9,8 +9,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/parley-im/parley/internal/parleytest"
-	"github.com/parley-im/parley/internal/testenv"
+	"github.com/parley-im/parley/test/parleytest"
+	"github.com/parley-im/parley/test/testenv"
 	"github.com/parley-im/parley/wire"
 )
 

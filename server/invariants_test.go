@@ -14,10 +14,10 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/parley-im/parley/client"
-	"github.com/parley-im/parley/internal/parleytest"
-	"github.com/parley-im/parley/internal/testenv"
 	"github.com/parley-im/parley/route"
 	"github.com/parley-im/parley/scripts"
+	"github.com/parley-im/parley/test/parleytest"
+	"github.com/parley-im/parley/test/testenv"
 	"github.com/parley-im/parley/wire"
 )
 

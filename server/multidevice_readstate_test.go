@@ -36,7 +36,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/parley-im/parley/client"
-	"github.com/parley-im/parley/internal/parleytest"
+	"github.com/parley-im/parley/test/parleytest"
 	"github.com/parley-im/parley/wire"
 )
 

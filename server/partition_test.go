@@ -7,8 +7,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/parley-im/parley/internal/parleytest"
 	"github.com/parley-im/parley/store"
+	"github.com/parley-im/parley/test/parleytest"
 	"github.com/parley-im/parley/wire"
 )
 

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/parley-im/parley/internal/parleytest"
+	"github.com/parley-im/parley/test/parleytest"
 )
 
 // TestBulkProvisioning provisions users and devices through the bulk admin

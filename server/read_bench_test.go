@@ -13,7 +13,7 @@ import (
 	"github.com/HdrHistogram/hdrhistogram-go"
 
 	"github.com/parley-im/parley/client"
-	"github.com/parley-im/parley/internal/parleytest"
+	"github.com/parley-im/parley/test/parleytest"
 	"github.com/parley-im/parley/wire"
 )
 

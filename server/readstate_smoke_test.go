@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/parley-im/parley/internal/parleytest"
+	"github.com/parley-im/parley/test/parleytest"
 	"github.com/parley-im/parley/wire"
 )
 

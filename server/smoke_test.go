@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/parley-im/parley/client"
-	"github.com/parley-im/parley/internal/parleytest"
+	"github.com/parley-im/parley/test/parleytest"
 	"github.com/parley-im/parley/wire"
 )
 

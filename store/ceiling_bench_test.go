@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/parley-im/parley/internal/testenv"
+	"github.com/parley-im/parley/test/testenv"
 )
 
 // BenchmarkInsertCeiling measures what this PostgreSQL takes for plain

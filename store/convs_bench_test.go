@@ -17,8 +17,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/parley-im/parley/fanout"
-	"github.com/parley-im/parley/internal/testenv"
 	"github.com/parley-im/parley/store"
+	"github.com/parley-im/parley/test/testenv"
 )
 
 // The convs benchmark needs a big database: one user in 1,000

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/parley-im/parley/internal/parleytest"
 	"github.com/parley-im/parley/store"
+	"github.com/parley-im/parley/test/parleytest"
 )
 
 // InsertMessages tries a plain INSERT first and, when any row conflicts

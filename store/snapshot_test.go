@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/parley-im/parley/client"
-	"github.com/parley-im/parley/internal/parleytest"
 	"github.com/parley-im/parley/store"
+	"github.com/parley-im/parley/test/parleytest"
 )
 
 // SnapshotBatch answers the snapshot requests of several users with one

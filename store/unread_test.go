@@ -14,9 +14,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/parley-im/parley/internal/parleytest"
-	"github.com/parley-im/parley/internal/testenv"
 	"github.com/parley-im/parley/store"
+	"github.com/parley-im/parley/test/parleytest"
+	"github.com/parley-im/parley/test/testenv"
 )
 
 // Unread counting below the dense_seq watermark takes own messages from

@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/parley-im/parley/config"
-	"github.com/parley-im/parley/internal/testenv"
+	"github.com/parley-im/parley/test/testenv"
 )
 
 var (

@@ -21,8 +21,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/parley-im/parley/config"
-	"github.com/parley-im/parley/internal/testenv"
 	"github.com/parley-im/parley/server"
+	"github.com/parley-im/parley/test/testenv"
 )
 
 // AdminToken is the admin token of every test server.
