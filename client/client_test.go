@@ -93,19 +93,36 @@ func span(from, to int64) []int64 {
 	return out
 }
 
-// eventually polls cond until it holds or timeout passes.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+// poll is how often the tests check a condition they wait for
+// (testenv.CheckFor).
+const poll = 5 * time.Millisecond
+
+// cursorAt is a testenv.CheckFor condition: c's cursor of conv is want.
+func cursorAt(c *client.Client, conv string, want int64) func() error {
+	return func() error {
+		if got := c.Cursor(conv); got != want {
+			return fmt.Errorf("cursor of %s at %d, want %d", conv, got, want)
 		}
-		time.Sleep(5 * time.Millisecond)
+		return nil
 	}
 }
 
-// never checks that cond stays false for d.
+// ackedAt is a testenv.CheckFor condition: the server holds c's delivery
+// cursor of conv at want (an ack of 0 changes nothing and returns the
+// merged cursor).
+func ackedAt(t *testing.T, c *client.Client, conv string, want int64) func() error {
+	return func() error {
+		r, err := c.Ack(testCtx(t), conv, 0)
+		if err != nil || r.Delivered != want {
+			return fmt.Errorf("delivery cursor of %s: %d (%v), want %d", conv, r.Delivered, err, want)
+		}
+		return nil
+	}
+}
+
+// never checks that cond stays false for d. Its sleep is on purpose: a
+// check that nothing happens has no condition to wait for, only a time
+// to let pass.
 func never(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(d)
@@ -183,17 +200,12 @@ func interestingGoroutines() []string {
 // checkNoLeaks polls until no goroutine of package client is left.
 func checkNoLeaks(t *testing.T) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		left := interestingGoroutines()
-		if len(left) == 0 {
-			return
+	testenv.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if left := interestingGoroutines(); len(left) > 0 {
+			return fmt.Errorf("%d client goroutine(s) leaked:\n\n%s", len(left), strings.Join(left, "\n\n"))
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d client goroutine(s) leaked:\n\n%s", len(left), strings.Join(left, "\n\n"))
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // leakCheckAtEnd registers checkNoLeaks to run after every other cleanup
@@ -282,8 +294,8 @@ func TestSendDeliversEveryEventOnceInOrder(t *testing.T) {
 		t.Fatalf("send_ok seqs = %v, want 2..51", seqs)
 	}
 
-	eventually(t, 5*time.Second, "B's cursor reaching 51", func() bool { return b.Cursor("g1") == 51 })
-	eventually(t, 5*time.Second, "A's cursor reaching 51", func() bool { return a.Cursor("g1") == 51 })
+	testenv.CheckFor(t, 5*time.Second, poll, cursorAt(b, "g1", 51))
+	testenv.CheckFor(t, 5*time.Second, poll, cursorAt(a, "g1", 51))
 	for name, r := range map[string]*recorder{"A": ra, "B": rb} {
 		evs := r.evs("g1")
 		if got := r.seqs("g1"); !slices.Equal(got, span(1, 51)) {
@@ -303,10 +315,7 @@ func TestSendDeliversEveryEventOnceInOrder(t *testing.T) {
 	}
 
 	// AutoAck: an ack of 0 changes nothing and returns the merged cursor.
-	eventually(t, 5*time.Second, "B's delivery cursor acked at 51", func() bool {
-		r, err := b.Ack(testCtx(t), "g1", 0)
-		return err == nil && r.Delivered == 51
-	})
+	testenv.CheckFor(t, 5*time.Second, poll, ackedAt(t, b, "g1", 51))
 	if n := rb.count(client.Disconnected); n != 0 {
 		t.Fatalf("B disconnected %d times: %v", n, rb.stateLog())
 	}
@@ -342,13 +351,13 @@ func TestGapRepair(t *testing.T) {
 
 	// Live gap.
 	send("a1") // 2
-	eventually(t, 5*time.Second, "B at 2", func() bool { return b.Cursor("g2") == 2 })
+	testenv.CheckFor(t, 5*time.Second, poll, cursorAt(b, "g2", 2))
 	if _, err := b.Conn().Send(testCtx(t), "g2", "b-raw", []byte("from b")); err != nil { // 3
 		t.Fatal(err)
 	}
 	never(t, 200*time.Millisecond, "B learnt of seq 3 without a gap", func() bool { return b.Cursor("g2") >= 3 })
 	send("a2") // 4: pushed to B, who is at 2
-	eventually(t, 5*time.Second, "B at 4", func() bool { return b.Cursor("g2") == 4 })
+	testenv.CheckFor(t, 5*time.Second, poll, cursorAt(b, "g2", 4))
 	if got := rb.seqs("g2"); !slices.Equal(got, span(1, 4)) {
 		t.Fatalf("B's seqs after the live gap = %v, want 1..4", got)
 	}
@@ -367,7 +376,7 @@ func TestGapRepair(t *testing.T) {
 		}
 		send(fmt.Sprintf("b%d", i))
 	}
-	eventually(t, 5*time.Second, "B at 24", func() bool { return b.Cursor("g2") == 24 })
+	testenv.CheckFor(t, 5*time.Second, poll, cursorAt(b, "g2", 24))
 	if got := rb.seqs("g2"); !slices.Equal(got, span(1, 24)) {
 		t.Fatalf("B's seqs = %v, want 1..24 once each, in order", got)
 	}
@@ -428,19 +437,19 @@ func restartScenario(t *testing.T, sameAddr bool) {
 	if _, err := a.Send(testCtx(t), "g3", "before", []byte("x")); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "B at 2", func() bool { return b.Cursor("g3") == 2 })
+	testenv.CheckFor(t, 5*time.Second, poll, cursorAt(b, "g3", 2))
 
 	shut.Store(true)
 	if err := env.Srv.Shutdown(testCtx(t)); err != nil {
 		t.Fatalf("shutdown: %v", err)
 	}
-	eventually(t, 5*time.Second, "B disconnected by the shutdown kick", func() bool {
+	testenv.CheckFor(t, 5*time.Second, poll, func() error {
 		for _, s := range rb.stateLog() {
 			if s.st == client.Disconnected && errors.Is(s.err, client.ErrServerShutdown) {
-				return true
+				return nil
 			}
 		}
-		return false
+		return fmt.Errorf("B not disconnected by the shutdown kick: states %v", rb.stateLog())
 	})
 
 	cfg := env.Cfg // same PostgresURL, RedisURL, RedisPrefix, GatewayID, admin address
@@ -472,14 +481,14 @@ func restartScenario(t *testing.T, sameAddr bool) {
 		t.Fatalf("B should still be offline at 2 (conn %v, cursor %d)", b.Conn(), b.Cursor("g3"))
 	}
 	shut.Store(false)
-	eventually(t, 5*time.Second, "B resynced to 12", func() bool { return b.Cursor("g3") == 12 })
+	testenv.CheckFor(t, 5*time.Second, poll, cursorAt(b, "g3", 12))
 	if _, err := a.Send(testCtx(t), "g3", "after", []byte("x")); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "B at 13", func() bool { return b.Cursor("g3") == 13 })
+	testenv.CheckFor(t, 5*time.Second, poll, cursorAt(b, "g3", 13))
 	// A learns of its own send through send_ok, delivered to OnEvent by
 	// A's event loop a moment later: wait for it too.
-	eventually(t, 5*time.Second, "A at 13", func() bool { return a.Cursor("g3") == 13 })
+	testenv.CheckFor(t, 5*time.Second, poll, cursorAt(a, "g3", 13))
 	if got := rb.seqs("g3"); !slices.Equal(got, span(1, 13)) {
 		t.Fatalf("B's seqs = %v, want 1..13 once each, in order", got)
 	}
@@ -508,7 +517,12 @@ func TestKickReplacedStopsReconnecting(t *testing.T) {
 
 	// (OnState runs on the client's event goroutine: wait for the
 	// recorder, not just for State.)
-	eventually(t, 5*time.Second, "the first client closed", func() bool { return r1.count(client.Closed) > 0 })
+	testenv.CheckFor(t, 5*time.Second, poll, func() error {
+		if r1.count(client.Closed) == 0 {
+			return fmt.Errorf("the first client not closed: states %v", r1.stateLog())
+		}
+		return nil
+	})
 	last := r1.stateLog()[len(r1.stateLog())-1]
 	if last.st != client.Closed || !errors.Is(last.err, client.ErrReplaced) || !errors.Is(b1.Err(), client.ErrReplaced) {
 		t.Fatalf("first client: last state %v (%v), Err %v; want Closed, ErrReplaced", last.st, last.err, b1.Err())
@@ -525,7 +539,7 @@ func TestKickReplacedStopsReconnecting(t *testing.T) {
 	if _, err := conn.Send(testCtx(t), "g4", "m", []byte("m")); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "the second client at 2", func() bool { return b2.Cursor("g4") == 2 })
+	testenv.CheckFor(t, 5*time.Second, poll, cursorAt(b2, "g4", 2))
 	// (It may have got the join, seq 1: the admin API's fan-out is
 	// asynchronous and can reach it after it connected.)
 	if got := r1.seqs("g4"); slices.Contains(got, 2) {
@@ -638,7 +652,7 @@ func TestSendRetriedAfterLostReply(t *testing.T) {
 	if _, err := a.Send(testCtx(t), "g5", "warm", []byte("x")); err != nil { // 2
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "B at 2", func() bool { return b.Cursor("g5") == 2 })
+	testenv.CheckFor(t, 5*time.Second, poll, cursorAt(b, "g5", 2))
 
 	px.mute.Store(true)
 	type result struct {
@@ -653,7 +667,9 @@ func TestSendRetriedAfterLostReply(t *testing.T) {
 	// The send is committed (B gets it) but its send_ok never reaches A.
 	// A's attempt times out after 300 ms and is retried on the same
 	// (muted) connection, then we cut it.
-	eventually(t, 5*time.Second, "B gets the send", func() bool { return b.Cursor("g5") == 3 })
+	testenv.CheckFor(t, 5*time.Second, poll, cursorAt(b, "g5", 3))
+	// On purpose: A's 300 ms attempt times out (and is retried) meanwhile,
+	// and Send must not return while its replies are swallowed.
 	time.Sleep(400 * time.Millisecond)
 	select {
 	case res := <-done:
@@ -693,8 +709,11 @@ func TestSendRetriedAfterLostReply(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "A and B at the new head", func() bool {
-		return a.Cursor("g5") == last.Seq && b.Cursor("g5") == last.Seq
+	testenv.CheckFor(t, 5*time.Second, poll, func() error {
+		if ca, cb := a.Cursor("g5"), b.Cursor("g5"); ca != last.Seq || cb != last.Seq {
+			return fmt.Errorf("A at %d, B at %d, want both at the new head %d", ca, cb, last.Seq)
+		}
+		return nil
 	})
 	for name, r := range map[string]*recorder{"A": ra, "B": rb} {
 		if got := r.seqs("g5"); !slices.Equal(got, []int64{1, 2, 3, last.Seq}) {
@@ -723,7 +742,7 @@ func TestCloseLeavesNoGoroutines(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, 5*time.Second, "B at 6", func() bool { return b.Cursor("g6") == 6 })
+	testenv.CheckFor(t, 5*time.Second, poll, cursorAt(b, "g6", 6))
 
 	// c is offline and backing off, with a Send waiting for a connection.
 	dialer, shut := gate()
@@ -741,7 +760,12 @@ func TestCloseLeavesNoGoroutines(t *testing.T) {
 	// d replaces nothing; e replaces a.
 	rd := newRecorder()
 	d := newClient(t, env.Addr, ana[0], rd, nil)
-	eventually(t, 5*time.Second, "a replaced", func() bool { return errors.Is(a.Err(), client.ErrReplaced) })
+	testenv.CheckFor(t, 5*time.Second, poll, func() error {
+		if err := a.Err(); !errors.Is(err, client.ErrReplaced) {
+			return fmt.Errorf("a's Err = %v, want ErrReplaced", err)
+		}
+		return nil
+	})
 
 	for _, cl := range []*client.Client{a, b, c, d} {
 		if err := cl.Close(); err != nil {
@@ -757,7 +781,12 @@ func TestCloseLeavesNoGoroutines(t *testing.T) {
 	checkNoLeaks(t)
 	// And the total count comes back (the server's per-connection
 	// goroutines end too, once it has seen the connections close).
-	eventually(t, 5*time.Second, fmt.Sprintf("goroutines back to %d", base), func() bool { return runtime.NumGoroutine() <= base })
+	testenv.CheckFor(t, 5*time.Second, poll, func() error {
+		if n := runtime.NumGoroutine(); n > base {
+			return fmt.Errorf("%d goroutines, want %d at most", n, base)
+		}
+		return nil
+	})
 }
 
 // Over the gateway's auth rate the server answers auth RATE_LIMITED with
@@ -932,14 +961,19 @@ func TestScriptedServer(t *testing.T) {
 	}
 	msg := wire.Event{Seq: 3, Kind: wire.KindMsg, Sender: "v", Body: []byte("hi"), Ts: 2, Cmid: "c"}
 	f2.write(wire.SyncOK{Rid: q.Rid, Conv: "h", Epoch: 1, Head: 3, MinSeq: 1, Upto: 3, Events: []wire.Event{msg}})
-	eventually(t, 5*time.Second, "cursor at 3", func() bool { return c.Cursor("h") == 3 })
+	testenv.CheckFor(t, 5*time.Second, poll, cursorAt(c, "h", 3))
 	if got := rec.seqs("h"); !slices.Equal(got, []int64{1, 3}) {
 		t.Fatalf("seqs = %v, want [1 3] (2 is invisible)", got)
 	}
 
 	f2.write(wire.Kick{T: wire.TKick, Reason: wire.KickReplaced})
 	f2.nc.Close()
-	eventually(t, 5*time.Second, "Closed", func() bool { return errors.Is(c.Err(), client.ErrReplaced) })
+	testenv.CheckFor(t, 5*time.Second, poll, func() error {
+		if err := c.Err(); !errors.Is(err, client.ErrReplaced) {
+			return fmt.Errorf("Err = %v, want ErrReplaced (Closed)", err)
+		}
+		return nil
+	})
 	accepted := make(chan struct{})
 	go func() {
 		if nc, err := ln.Accept(); err == nil {
@@ -1098,7 +1132,7 @@ func TestResyncSnapshotsOnceAndSyncsOnlyChanged(t *testing.T) {
 	}
 	conns[1].write(wire.SyncOK{Rid: q.Rid, Conv: "b", Epoch: 1, Head: 7, MinSeq: 1, Upto: 7, Events: []wire.Event{e6, e7}})
 	quiet(t, reqs, 300*time.Millisecond)
-	eventually(t, 5*time.Second, "b at 7", func() bool { return c.Cursor("b") == 7 })
+	testenv.CheckFor(t, 5*time.Second, poll, cursorAt(c, "b", 7))
 	if got := rec.seqs("b"); !slices.Equal(got, []int64{6, 7}) {
 		t.Fatalf("b's seqs = %v, want [6 7] once each", got)
 	}
@@ -1164,10 +1198,7 @@ func autoAckConversations(t *testing.T, n int, ackDelay, within time.Duration) {
 	}
 	for i := range n {
 		conv := fmt.Sprintf("g%d", i)
-		eventually(t, within, conv+" acked at 2", func() bool {
-			r, err := b.Ack(testCtx(t), conv, 0)
-			return err == nil && r.Delivered == 2
-		})
+		testenv.CheckFor(t, within, poll, ackedAt(t, b, conv, 2))
 	}
 }
 
@@ -1194,10 +1225,7 @@ func TestAutoAckAgainAfterReconnect(t *testing.T) {
 	if _, err := a.Send(testCtx(t), "g", "m", []byte("hi")); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "acked at 2", func() bool {
-		r, err := b.Ack(testCtx(t), "g", 0)
-		return err == nil && r.Delivered == 2
-	})
+	testenv.CheckFor(t, 10*time.Second, poll, ackedAt(t, b, "g", 2))
 	// The server loses the cursor (as if the ack had never arrived), and
 	// the connection breaks.
 	if code := env.Admin(t, "POST", "/v1/devices/"+ben[0].ID+"/reinstall", nil, nil); code != 200 {
@@ -1209,10 +1237,8 @@ func TestAutoAckAgainAfterReconnect(t *testing.T) {
 	if err := syscall.Shutdown(last, syscall.SHUT_RDWR); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "acked at 2 again on the new connection", func() bool {
-		r, err := b.Ack(testCtx(t), "g", 0)
-		return err == nil && r.Delivered == 2
-	})
+	// Acked at 2 again, on the new connection.
+	testenv.CheckFor(t, 10*time.Second, poll, ackedAt(t, b, "g", 2))
 }
 
 // TestAutoAckManyConversationsAtOnce: more conversations move within one

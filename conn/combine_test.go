@@ -3,6 +3,7 @@ package conn
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"sync"
@@ -12,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/parley-im/parley/config"
+	"github.com/parley-im/parley/test/testenv"
 )
 
 // The combiner's queueing, on a run function that records its batches
@@ -96,19 +98,15 @@ func TestCombiner(t *testing.T) {
 
 func waitQueued(t *testing.T, b *combiner[int, int], n int) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	testenv.CheckFor(t, 5*time.Second, time.Millisecond, func() error {
 		b.mu.Lock()
 		l := len(b.queue)
 		b.mu.Unlock()
-		if l == n {
-			return
+		if l != n {
+			return fmt.Errorf("%d requests queued, want %d", l, n)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d requests queued, want %d", l, n)
-		}
-		time.Sleep(time.Millisecond)
-	}
+		return nil
+	})
 }
 
 func sameMap(a, b map[int]int) bool {

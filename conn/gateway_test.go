@@ -762,7 +762,7 @@ func TestLimits(t *testing.T) {
 		if m := r.expect(wire.TSyncOK); m.Head != int64(1+sent) {
 			t.Fatalf("head = %d after %d accepted sends", m.Head, sent)
 		}
-		time.Sleep(time.Duration(retry) * time.Millisecond) // the wait the server asked for
+		time.Sleep(time.Duration(retry) * time.Millisecond) // on purpose: the wait the server asked for
 		r.send(wire.Request{T: wire.TSend, Rid: "later", Conv: conv, Cmid: "later", Body: []byte("x")})
 		if m := r.expect(wire.TSendOK); m.Rid != "later" {
 			t.Fatalf("after retry_after_ms: %+v", m)
@@ -1013,7 +1013,9 @@ func TestSlowConsumer(t *testing.T) {
 	// however many hints it owes. Its reader finds what fitted into the
 	// socket buffers, then the end of the stream.
 	// (The gateway checks idle_timeout once a second.)
-	time.Sleep(time.Until(silentSince.Add(env.Cfg.IdleTimeout + 1500*time.Millisecond))) // nothing to poll: B is not reading
+	// On purpose: idle_timeout passes. Nothing to poll: B must not read
+	// meanwhile.
+	time.Sleep(time.Until(silentSince.Add(env.Cfg.IdleTimeout + 1500*time.Millisecond)))
 	resB := readFrom(ncB, frB, 2*time.Second)
 	t.Logf("silent slow device: %d pushes (last seq %d), %d hints, end: %v", len(resB.pushes), last(resB.pushes), len(resB.hints), resB.endErr)
 	if resB.endErr == nil {

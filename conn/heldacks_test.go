@@ -88,7 +88,7 @@ func TestHeldAcks(t *testing.T) {
 			r.send(wire.Request{T: wire.TAck, Conv: conv, Seq: seq})
 		}
 		handled(r, conv)
-		time.Sleep(100 * time.Millisecond) // what an ack_linger would take
+		time.Sleep(100 * time.Millisecond) // on purpose, a check that nothing commits: what an ack_linger would take
 		if d := pgDelivered(t, env, dev.ID, conv); d != -1 {
 			t.Fatalf("cursor %d in PostgreSQL right after rid-less acks: not held", d)
 		}

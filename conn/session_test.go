@@ -209,18 +209,17 @@ func TestSession(t *testing.T) {
 		idle, _ := authedRaw(t, env)
 		idleSince := time.Now()
 		var closedAfter time.Duration
-		for closedAfter == 0 {
+		// busy pings every 200 ms while idle's close is waited for.
+		testenv.CheckFor(t, idleTimeout+tick+2*time.Second, 200*time.Millisecond, func() error {
 			select {
 			case <-idle.done:
 				closedAfter = time.Since(idleSince)
+				return nil
 			default:
 			}
-			if time.Since(idleSince) > idleTimeout+tick+2*time.Second {
-				t.Fatalf("an idle connection is still open after %v (idle_timeout %v)", time.Since(idleSince), idleTimeout)
-			}
 			busy.ping()
-			time.Sleep(200 * time.Millisecond) // ping pacing
-		}
+			return fmt.Errorf("an idle connection is still open after %v (idle_timeout %v)", time.Since(idleSince), idleTimeout)
+		})
 		if closedAfter < idleTimeout-50*time.Millisecond {
 			t.Fatalf("idle connection closed after %v, before idle_timeout %v", closedAfter, idleTimeout)
 		}
@@ -230,7 +229,7 @@ func TestSession(t *testing.T) {
 		// The busy one outlives another idle_timeout.
 		for end := time.Now().Add(idleTimeout + tick); time.Now().Before(end); {
 			busy.ping()
-			time.Sleep(200 * time.Millisecond)
+			time.Sleep(200 * time.Millisecond) // ping pacing, on purpose for a whole idle_timeout
 		}
 		busy.ping()
 	})
@@ -420,7 +419,7 @@ func TestAuthRateLimit(t *testing.T) {
 	a.ping()
 	b.ping()
 	// The first refused device, back after retry_after_ms, is served.
-	time.Sleep(time.Duration(first) * time.Millisecond)
+	time.Sleep(time.Duration(first) * time.Millisecond) // on purpose: the wait the server asked for
 	r := dialRaw(t, env)
 	r.send(wire.Request{T: wire.TAuth, Rid: "again", Device: devs[2].ID, Token: devs[2].Token})
 	if m := r.expect(wire.TAuthOK); m.Rid != "again" || m.Device != devs[2].ID {

@@ -114,7 +114,7 @@ func TestMemberCacheRefreshedInBackground(t *testing.T) {
 		if r := send(ctx, l, "ana", fmt.Sprint("a", i)); r.Err != nil {
 			t.Fatal(r.Err)
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // pacing, on purpose: a send every 20 ms
 	}
 	if waited, refreshed := lookups(); waited != 1 || refreshed < 2 {
 		t.Fatalf("ana's sends waited for %d membership lookups (want 1), %d were made in the background (want >= 2)", waited, refreshed)
@@ -131,7 +131,7 @@ func TestMemberCacheRefreshedInBackground(t *testing.T) {
 	}
 	for end, i := time.Now().Add(ttl+100*time.Millisecond), 1; time.Now().Before(end); i++ {
 		send(ctx, l, "bob", fmt.Sprint("b", i))
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // pacing, on purpose: a send every 20 ms for a TTL
 	}
 	head, err := st.Head(ctx, "g")
 	if err != nil {
@@ -145,7 +145,7 @@ func TestMemberCacheRefreshedInBackground(t *testing.T) {
 	}
 
 	// ana's entry, unused for two TTLs, expired: her next send waits.
-	time.Sleep(2 * ttl)
+	time.Sleep(2 * ttl) // on purpose: two TTLs without a send
 	waited, _ := lookups()
 	if r := send(ctx, l, "ana", "a-last"); r.Err != nil {
 		t.Fatal(r.Err)

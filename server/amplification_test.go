@@ -66,6 +66,10 @@ func BenchmarkWriteAmplification(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer pg.Close(ctx)
+			// settle is the measurement's margin, on purpose: the writes
+			// that follow a send (fan-out, row jobs, held acks) land in
+			// the background, and no counter tells when the last of them
+			// did.
 			settle := func() { time.Sleep(300 * time.Millisecond) }
 			settle()
 			r0, z0 := redisWrites(b, rdb)

@@ -101,54 +101,48 @@ func TestClusterTwoGatewaysFailover(t *testing.T) {
 	exchange := func(step string, wait time.Duration) {
 		t.Helper()
 		deadline := time.Now().Add(wait)
+		attempt := 0
 		var last string
-		for attempt := 0; time.Now().Before(deadline); attempt++ {
-			if attempt > 0 {
-				time.Sleep(200 * time.Millisecond)
-			}
+		fail := func(format string, args ...any) error {
+			last = fmt.Sprintf(format, args...)
+			return fmt.Errorf("%s: not working across gateways; last failure: %s", step, last)
+		}
+		testenv.CheckFor(t, wait, 200*time.Millisecond, func() error {
+			defer func() { attempt++ }()
 			n++
-			try := min(3*time.Second, time.Until(deadline))
+			try := max(min(3*time.Second, time.Until(deadline)), 200*time.Millisecond)
 			r, err := ca.Send(ctx(t), "x", fmt.Sprintf("%s-a%d", step, n), []byte("from gw1"))
 			if err != nil {
-				last = fmt.Sprintf("send on gateway 1: %v", err)
-				continue
+				return fail("send on gateway 1: %v", err)
 			}
 			if !clusterPushed(fb, "x", r.Seq, try) {
-				last = fmt.Sprintf("gateway 1 -> gateway 2: no push of x/%d within %v (%s)", r.Seq, try, state("xb"))
-				continue
+				return fail("gateway 1 -> gateway 2: no push of x/%d within %v (%s)", r.Seq, try, state("xb"))
 			}
 			r2, err := cb.Send(ctx(t), "x", fmt.Sprintf("%s-b%d", step, n), []byte("from gw2"))
 			if err != nil {
-				last = fmt.Sprintf("send on gateway 2: %v", err)
-				continue
+				return fail("send on gateway 2: %v", err)
 			}
 			if !clusterPushed(fa, "x", r2.Seq, try) {
-				last = fmt.Sprintf("gateway 2 -> gateway 1: no push of x/%d within %v (%s)", r2.Seq, try, state("xa"))
-				continue
+				return fail("gateway 2 -> gateway 1: no push of x/%d within %v (%s)", r2.Seq, try, state("xa"))
 			}
 			if a, err := cb.Ack(ctx(t), "x", r2.Seq); err != nil || a.Delivered != r2.Seq {
-				last = fmt.Sprintf("ack %d: %+v %v", r2.Seq, a, err)
-				continue
+				return fail("ack %d: %+v %v", r2.Seq, a, err)
 			}
 			if rd, err := cb.Read(ctx(t), "x", r.Seq); err != nil || rd.Read != r.Seq || rd.Unread != 0 {
-				last = fmt.Sprintf("read %d: %+v %v", r.Seq, rd, err)
-				continue
+				return fail("read %d: %+v %v", r.Seq, rd, err)
 			}
 			c := context.Background()
 			if v, err := rdb.HGet(c, cfg.RedisPrefix+"dc:{xb}:"+xb.ID, "x").Int64(); err != nil || v != r2.Seq {
-				last = fmt.Sprintf("hot delivery cursor on the cluster: %d %v, want %d", v, err, r2.Seq)
-				continue
+				return fail("hot delivery cursor on the cluster: %d %v, want %d", v, err, r2.Seq)
 			}
 			if v, err := rdb.HGet(c, cfg.RedisPrefix+"rp:{xb}", "x").Int64(); err != nil || v != r.Seq {
-				last = fmt.Sprintf("hot read position on the cluster: %d %v, want %d", v, err, r.Seq)
-				continue
+				return fail("hot read position on the cluster: %d %v, want %d", v, err, r.Seq)
 			}
 			if attempt > 0 {
 				t.Logf("%s: pushes, acks and reads across gateways work after %d attempts (last failure: %s)", step, attempt+1, last)
 			}
-			return
-		}
-		t.Fatalf("%s: not working across gateways within %v; last failure: %s", step, wait, last)
+			return nil
+		})
 	}
 	exchange("before", 10*time.Second)
 
@@ -248,7 +242,7 @@ func TestClusterTwoGatewaysFailover(t *testing.T) {
 	exchange("end", 10*time.Second)
 	replaced("end", 10*time.Second)
 
-	time.Sleep(time.Second) // load after recovery
+	time.Sleep(time.Second) // on purpose: a second of load after recovery, counted by finish
 	ms := func(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
 	run.finish(fmt.Sprintf(" cluster_up=%v takeover_after_sigkill=%v sends_ok_after_takeover=%v cross_gateway_pushes_after_takeover=%v kick_after_takeover=%v manual_failover=%v sends_ok_after_manual=%v sends_ok_after_script_flush=%v sends_ok_after_counter_back=%v sends_ok_after_counter_del=%v",
 		ms(clusterUp), ms(tookOver), ms(afterKill), ms(pushesBack), ms(kickBack), ms(failedOver), ms(afterManual), ms(afterFlush), ms(afterBack), ms(afterDel)))
@@ -334,22 +328,22 @@ func clusterPushed(frames chan wire.Message, conv string, seq int64, wait time.D
 func clusterDial(t *testing.T, env *parleytest.Env, dev parleytest.Device, deadline time.Time) (*client.Conn, chan wire.Message) {
 	t.Helper()
 	frames := make(chan wire.Message, 1024)
-	for {
+	var c *client.Conn
+	testenv.CheckFor(t, time.Until(deadline), 100*time.Millisecond, func() error {
 		dctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		c, err := client.Dial(dctx, env.Addr, dev.ID, dev.Token, client.DialOptions{OnServerFrame: func(m wire.Message) {
+		defer cancel()
+		var err error
+		c, err = client.Dial(dctx, env.Addr, dev.ID, dev.Token, client.DialOptions{OnServerFrame: func(m wire.Message) {
 			select {
 			case frames <- m:
 			default:
 			}
 		}})
-		cancel()
-		if err == nil {
-			t.Cleanup(func() { c.Close() })
-			return c, frames
+		if err != nil {
+			return fmt.Errorf("dial %s: %w", dev.ID, err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("dial %s: %v", dev.ID, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return nil
+	})
+	t.Cleanup(func() { c.Close() })
+	return c, frames
 }

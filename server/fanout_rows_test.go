@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -34,7 +35,13 @@ func TestConvsOrderFollowsRows(t *testing.T) {
 	// Activity order, oldest first: g3, g0, g4, g1, g2.
 	var lastTs int64
 	for _, g := range []string{"g3", "g0", "g4", "g1", "g2"} {
-		time.Sleep(3 * time.Millisecond) // distinct ts
+		// Distinct ts (milliseconds): the clock has moved past the last one.
+		testenv.CheckFor(t, time.Second, time.Millisecond, func() error {
+			if now := time.Now().UnixMilli(); now <= lastTs {
+				return fmt.Errorf("clock at %d ms, not past the last send's ts %d", now, lastTs)
+			}
+			return nil
+		})
 		r, err := ca.Send(ctx(t), g, "m-"+g, []byte("x"))
 		if err != nil {
 			t.Fatal(err)
@@ -130,6 +137,7 @@ func TestFaultFanoutWorkerKilledMidFanout(t *testing.T) {
 	// acknowledges them, while messages keep coming.
 	dead := make(chan int, 1)
 	stopDead := make(chan struct{})
+	var taking atomic.Int64 // entries the dying worker has taken so far
 	go func() {
 		taken := 0
 		defer func() { dead <- taken }()
@@ -145,6 +153,7 @@ func TestFaultFanoutWorkerKilledMidFanout(t *testing.T) {
 				for _, s := range res {
 					taken += len(s.Messages)
 				}
+				taking.Store(int64(taken))
 			}
 		}
 	}()
@@ -158,7 +167,12 @@ func TestFaultFanoutWorkerKilledMidFanout(t *testing.T) {
 		confirmed = append(confirmed, r.Seq)
 		lastTs = r.Ts
 	}
-	time.Sleep(200 * time.Millisecond)
+	testenv.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if taking.Load() == 0 {
+			return fmt.Errorf("the dying worker has taken no entries yet")
+		}
+		return nil
+	})
 	close(stopDead) // the worker dies holding its entries
 	if taken := <-dead; taken == 0 {
 		t.Fatal("the dying worker took no entries; the test proves nothing")

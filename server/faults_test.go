@@ -188,6 +188,7 @@ func (r *faultRun) connSender(id string, addr func() string, dev parleytest.Devi
 					return
 				}
 				if attempt > 0 {
+					// The sender's own backoff, part of the load.
 					time.Sleep(min(20*time.Millisecond<<min(attempt, 4), 200*time.Millisecond))
 				}
 				if c == nil {
@@ -355,6 +356,9 @@ func (r *faultRun) finish(extra string) {
 
 	// Receivers catch up through their own machinery (pushes, gap syncs,
 	// hints, resync after reconnect): the test never asks them to sync.
+	// This polls by hand, not with testenv.CheckFor: a receiver still
+	// behind after 20 s must not stop the test, which goes on to count
+	// what each one lost, duplicated and reordered.
 	caughtUp := time.Duration(-1)
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
@@ -369,7 +373,7 @@ func (r *faultRun) finish(extra string) {
 			caughtUp = time.Since(stopped)
 			break
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // the poll's interval
 	}
 
 	var lost, dup, reorder int
@@ -582,12 +586,14 @@ func TestFaultRedisRestartedEmptyMidLoad(t *testing.T) {
 	defer rdb.Close()
 	down := time.Now()
 	rs.Kill()
-	// Down for at least a second, and until a send got UNAVAILABLE: go-redis
-	// retries a command by itself (4 attempts of 5 dials each, about 2.5 s),
-	// so a shorter outage only makes sends stall.
+	// Down for at least a second (on purpose), and until a send got
+	// UNAVAILABLE: go-redis retries a command by itself (4 attempts of 5
+	// dials each, about 2.5 s), so a shorter outage only makes sends stall.
+	// (A poll by hand, not testenv.CheckFor: without UNAVAILABLE the test
+	// goes on, fails below, and finish still accounts for every message.)
 	time.Sleep(time.Second)
 	for end := down.Add(8 * time.Second); time.Now().Before(end) && run.code(wire.Unavailable) == 0; {
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // the poll's interval
 	}
 	rs.Restart()
 	up := time.Now()
@@ -603,7 +609,7 @@ func TestFaultRedisRestartedEmptyMidLoad(t *testing.T) {
 		routesBack = time.Since(up)
 		return nil
 	})
-	time.Sleep(1500 * time.Millisecond) // load after recovery
+	time.Sleep(1500 * time.Millisecond) // on purpose: load after recovery, counted by finish
 	if run.code(wire.Unavailable) == 0 {
 		t.Errorf("no send got UNAVAILABLE while Redis was down")
 	}
@@ -749,6 +755,9 @@ func TestFaultGatewaySIGKILLMidLoad(t *testing.T) {
 	gw2ID := gw2.Cfg.GatewayID
 	var routed, resynced, leaseGone time.Duration
 	converged := make([]bool, len(moved))
+	// A poll by hand, not testenv.CheckFor: convergence that fails or is
+	// late is reported below with t.Errorf, and finish still accounts for
+	// every message.
 	for deadline := killedAt.Add(20 * time.Second); time.Now().Before(deadline) && (routed == 0 || resynced == 0 || leaseGone == 0); time.Sleep(10 * time.Millisecond) {
 		// The dead gateway's lease (and with it every entry naming
 		// it) expires within gateway_lease.
@@ -795,7 +804,7 @@ func TestFaultGatewaySIGKILLMidLoad(t *testing.T) {
 	} else if max(routed, resynced) > target {
 		t.Errorf("route convergence took %v (routes) / %v (resynced), target gateway_lease + 5 s = %v", routed, resynced, target)
 	}
-	time.Sleep(1500 * time.Millisecond) // load on gateway 2 alone
+	time.Sleep(1500 * time.Millisecond) // on purpose: load on gateway 2 alone, counted by finish
 	run.finish(fmt.Sprintf(" max_seq_at_kill=%d routes_converged=%v receivers_resynced=%v target=%v dead_lease_expired=%v",
 		atKill, routed.Round(time.Millisecond), resynced.Round(time.Millisecond), target, leaseGone.Round(time.Millisecond)))
 }
@@ -839,7 +848,7 @@ func TestFaultPostgresRestartedMidLoad(t *testing.T) {
 	if st := ready(); st != http.StatusServiceUnavailable {
 		t.Errorf("/readyz while PostgreSQL is down: %d, want 503", st)
 	}
-	time.Sleep(time.Second)
+	time.Sleep(time.Second) // on purpose: PostgreSQL stays down for a second
 	pg.Start()
 	up := time.Now()
 	sendsOK := run.waitSendsOK(up)
@@ -851,7 +860,7 @@ func TestFaultPostgresRestartedMidLoad(t *testing.T) {
 		readyAfter = time.Since(up)
 		return nil
 	})
-	time.Sleep(1500 * time.Millisecond) // load after recovery
+	time.Sleep(1500 * time.Millisecond) // on purpose: load after recovery, counted by finish
 	if run.code(wire.Unavailable) == 0 {
 		t.Errorf("no send got UNAVAILABLE while PostgreSQL was down")
 	}

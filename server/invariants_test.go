@@ -26,26 +26,27 @@ import (
 func syncAll(t *testing.T, c *client.Conn, conv string, after int64) ([]wire.Event, int64) {
 	t.Helper()
 	var evs []wire.Event
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
-		r, err := c.Sync(ctx(t), conv, after, 50)
-		if err != nil {
-			t.Fatalf("sync after %d: %v", after, err)
+	// A page with more and no events: a seq in flight. Try again shortly.
+	testenv.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+		for {
+			r, err := c.Sync(ctx(t), conv, after, 50)
+			if err != nil {
+				t.Fatalf("sync after %d: %v", after, err)
+			}
+			evs = append(evs, r.Events...)
+			if r.Upto < after {
+				t.Fatalf("upto %d went below after %d", r.Upto, after)
+			}
+			after = r.Upto
+			if !r.More {
+				return nil
+			}
+			if len(r.Events) == 0 {
+				return fmt.Errorf("sync of %s did not reach head %d: upto %d", conv, r.Head, r.Upto)
+			}
 		}
-		evs = append(evs, r.Events...)
-		if r.Upto < after {
-			t.Fatalf("upto %d went below after %d", r.Upto, after)
-		}
-		after = r.Upto
-		if !r.More {
-			return evs, after
-		}
-		if len(r.Events) == 0 {
-			time.Sleep(20 * time.Millisecond) // a seq in flight: try again shortly
-		}
-	}
-	t.Fatalf("sync of %s did not reach head", conv)
-	return nil, 0
+	})
+	return evs, after
 }
 
 // TestRedisFlushAndRestartLoseNothing: senders keep sending while the
@@ -82,7 +83,7 @@ func TestRedisFlushAndRestartLoseNothing(t *testing.T) {
 						c, _ = client.Dial(dctx, env.Addr, d.ID, d.Token, client.DialOptions{})
 						cancel()
 						if c == nil {
-							time.Sleep(50 * time.Millisecond)
+							time.Sleep(50 * time.Millisecond) // the load's own retry pacing
 							continue
 						}
 					}
@@ -102,7 +103,7 @@ func TestRedisFlushAndRestartLoseNothing(t *testing.T) {
 					if errors.Is(err, client.ErrClosed) {
 						c = nil
 					}
-					time.Sleep(20 * time.Millisecond) // UNAVAILABLE while Redis is down: retry, same cmid
+					time.Sleep(20 * time.Millisecond) // UNAVAILABLE while Redis is down: the load's retry pacing, same cmid
 				}
 			}
 			if c != nil {
@@ -124,7 +125,7 @@ func TestRedisFlushAndRestartLoseNothing(t *testing.T) {
 		return nil
 	})
 	rs.Kill()
-	time.Sleep(300 * time.Millisecond) // some sends fail with UNAVAILABLE meanwhile
+	time.Sleep(300 * time.Millisecond) // on purpose: an outage of 300 ms, some sends fail with UNAVAILABLE meanwhile
 	rs.Restart()
 	wg.Wait()
 	if len(confirmed) != senders*perSender {
@@ -212,7 +213,7 @@ func TestRacingSendersReaderByUpto(t *testing.T) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // pacing: the slow seq is allocated amid the senders' load, not before it
 		c := context.Background()
 		s, err := allocByHand(c, rdb, cfg.RedisPrefix+"seq:{race}")
 		if err != nil {
@@ -235,7 +236,7 @@ func TestRacingSendersReaderByUpto(t *testing.T) {
 			t.Error(err)
 			return
 		}
-		time.Sleep(time.Second)
+		time.Sleep(time.Second) // on purpose: the insert stays open past the hole timeout while later seqs commit
 		if err := tx.Commit(c); err != nil {
 			t.Error(err)
 			return
@@ -250,38 +251,40 @@ func TestRacingSendersReaderByUpto(t *testing.T) {
 	got := map[int64]bool{}
 	var after int64
 	finished := false
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); {
-		select {
-		case <-done:
-			finished = true
-		default:
-		}
-		r, err := reader.Sync(ctx(t), "race", after, 7)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, e := range r.Events {
-			if e.Seq <= after || e.Seq > r.Upto {
-				t.Fatalf("event %d outside (%d, %d]", e.Seq, after, r.Upto)
+	// The reader syncs while the senders run, and until it has reached
+	// the head after they finished.
+	testenv.CheckFor(t, 30*time.Second, 2*time.Millisecond, func() error {
+		for {
+			select {
+			case <-done:
+				finished = true
+			default:
 			}
-			if got[e.Seq] {
-				t.Fatalf("seq %d returned twice", e.Seq)
+			r, err := reader.Sync(ctx(t), "race", after, 7)
+			if err != nil {
+				t.Fatal(err)
 			}
-			if e.Kind == "msg" {
-				got[e.Seq] = true
+			for _, e := range r.Events {
+				if e.Seq <= after || e.Seq > r.Upto {
+					t.Fatalf("event %d outside (%d, %d]", e.Seq, after, r.Upto)
+				}
+				if got[e.Seq] {
+					t.Fatalf("seq %d returned twice", e.Seq)
+				}
+				if e.Kind == "msg" {
+					got[e.Seq] = true
+				}
 			}
+			after = r.Upto
+			if r.More {
+				continue
+			}
+			if !finished {
+				return fmt.Errorf("senders did not finish (reader at %d)", after)
+			}
+			return nil
 		}
-		after = r.Upto
-		if finished && !r.More {
-			break
-		}
-		if !r.More {
-			time.Sleep(2 * time.Millisecond)
-		}
-	}
-	if !finished {
-		t.Fatal("senders did not finish")
-	}
+	})
 	if len(confirmed) != senders*perSender+1 {
 		t.Fatalf("%d confirmed, want %d", len(confirmed), senders*perSender+1)
 	}

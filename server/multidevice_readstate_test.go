@@ -29,6 +29,7 @@ import (
 	"math/rand"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -37,6 +38,7 @@ import (
 
 	"github.com/parley-im/parley/client"
 	"github.com/parley-im/parley/test/parleytest"
+	"github.com/parley-im/parley/test/testenv"
 	"github.com/parley-im/parley/wire"
 )
 
@@ -720,7 +722,9 @@ func TestDelayedAckFromOldInstall(t *testing.T) {
 	// refused: no cursor is left for the new install.
 	var wg sync.WaitGroup
 	stop := make(chan struct{})
-	var okAcks, stale int
+	stopAcks := sync.OnceFunc(func() { close(stop); wg.Wait() })
+	defer stopAcks()
+	var okAcks, stale atomic.Int64
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -733,24 +737,35 @@ func TestDelayedAckFromOldInstall(t *testing.T) {
 			_, err := nl.Ack(ctx(t), mdConv, s)
 			switch {
 			case err == nil:
-				okAcks++
+				okAcks.Add(1)
 			case wire.CodeOf(err) == wire.StaleInstall:
-				stale++
+				stale.Add(1)
 			default:
 				t.Errorf("ack: %v", err)
 				return
 			}
 		}
 	}()
-	time.Sleep(30 * time.Millisecond)
+	// The reinstall comes while acks are being accepted, and the acks go
+	// on until some are refused after it.
+	testenv.CheckFor(t, 10*time.Second, time.Millisecond, func() error {
+		if okAcks.Load() == 0 {
+			return fmt.Errorf("no ack accepted yet")
+		}
+		return nil
+	})
 	if e := f.reinstallLaptop(); e != 2 {
 		t.Errorf("epoch %d, want 2", e)
 	}
-	time.Sleep(30 * time.Millisecond)
-	close(stop)
-	wg.Wait()
-	t.Logf("racing acks: %d accepted before the reinstall, %d refused after", okAcks, stale)
-	if stale == 0 {
+	testenv.CheckFor(t, 10*time.Second, time.Millisecond, func() error {
+		if stale.Load() == 0 {
+			return fmt.Errorf("no ack refused since the reinstall (%d accepted)", okAcks.Load())
+		}
+		return nil
+	})
+	stopAcks()
+	t.Logf("racing acks: %d accepted before the reinstall, %d refused after", okAcks.Load(), stale.Load())
+	if stale.Load() == 0 {
 		t.Fatal("no ack was refused after the reinstall")
 	}
 	if v, ok := f.pgCursor(f.benDev[1].ID); ok {

@@ -91,7 +91,7 @@ func BenchmarkReadOpenLoop(b *testing.B) {
 				break
 			}
 			if d := time.Until(at); d > 0 {
-				time.Sleep(d)
+				time.Sleep(d) // pacing: an open-loop load at rate
 			}
 			u := k % users
 			next[u] = min(next[u]+1, msgs+1)

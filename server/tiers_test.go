@@ -6,8 +6,11 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/parley-im/parley/client"
 	"github.com/parley-im/parley/test/parleytest"
@@ -90,18 +93,42 @@ func tierScenario(t *testing.T, writeMax, onlineMax int, coalesce time.Duration)
 		conns[d.ID] = c
 		return c
 	}
-	// quiesce waits until fan-out has handed every committed event to the
-	// gateway (send_ok may precede the hand-off by a little), then a
-	// moment for the frames to cross the loopback.
+	pg, err := pgx.Connect(ctx(t), cfg.PostgresURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pg.Close(context.Background())
+	// quiesce waits until fan-out has handed every committed event of g
+	// to the gateway (send_ok may precede the hand-off by a little), then
+	// until every open connection has read what it was handed: a reply
+	// leaves a connection's outbox after every frame queued on it before
+	// (a held coalesced push goes out with it), and the client reads
+	// frames in order, so once a ping's pong is back the recorder has
+	// them.
 	quiesce := func() {
-		time.Sleep(30 * time.Millisecond)
 		testenv.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+			var committed int64
+			if err := pg.QueryRow(ctx(t), `SELECT count(*) FROM events WHERE conv_id = 'g'`).Scan(&committed); err != nil {
+				return err
+			}
+			if fanned := int64(env.Srv.MetricSum("parley_fanout_events_total")); fanned < committed {
+				return fmt.Errorf("%d of %d committed events fanned out", fanned, committed)
+			}
 			if n := env.Srv.FanoutPending(); n > 0 {
 				return fmt.Errorf("%d events wait for fan-out", n)
 			}
 			return nil
 		})
-		time.Sleep(50 * time.Millisecond)
+		for id, c := range conns {
+			select {
+			case <-c.Done():
+				continue // closed by the scenario
+			default:
+			}
+			if err := c.Ping(ctx(t)); err != nil {
+				t.Fatalf("ping on %s's connection: %v", id, err)
+			}
+		}
 	}
 	quiesce() // the creation's fan-out, before anyone connects
 	a := connect(devs["a"][0])
@@ -134,6 +161,17 @@ func tierScenario(t *testing.T, writeMax, onlineMax int, coalesce time.Duration)
 	if _, err := b1.Read(ctx(t), "g", s1+2); err != nil {
 		t.Fatal(err)
 	}
+	// b's other device is told (read_changed), off the read's reply path
+	// and fan-out's queue: wait for that frame itself.
+	testenv.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		rec := recs[devs["b"][1].ID]
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		if len(rec.reads) == 0 {
+			return fmt.Errorf("no read_changed on b's other device")
+		}
+		return nil
+	})
 	if _, err := a.Recall(ctx(t), "g", s1+1); err != nil {
 		t.Fatal(err)
 	}
@@ -166,7 +204,7 @@ func tierScenario(t *testing.T, writeMax, onlineMax int, coalesce time.Duration)
 	if _, err := cc.Read(ctx(t), "g", 1000); wire.CodeOf(err) != wire.CursorAhead {
 		t.Fatalf("read ahead: %v", err)
 	}
-	time.Sleep(300 * time.Millisecond)
+	quiesce() // d1's fan-out
 
 	var out strings.Builder
 	users := map[string]*client.Conn{"a": a, "b": b1, "c": cc, "d": d, "e": e}
@@ -258,6 +296,7 @@ func TestJoinBoundary(t *testing.T) {
 			defer nc.Close()
 			var wg sync.WaitGroup
 			stop := make(chan struct{})
+			var sent atomic.Int64
 			for i, d := range devs[:4] {
 				c, _ := dial(t, env, d)
 				wg.Add(1)
@@ -270,18 +309,30 @@ func TestJoinBoundary(t *testing.T) {
 						default:
 						}
 						sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-						_, _ = c.Send(sctx, "g", fmt.Sprintf("%d-%d", i, n), []byte("x"))
+						if _, err := c.Send(sctx, "g", fmt.Sprintf("%d-%d", i, n), []byte("x")); err == nil {
+							sent.Add(1)
+						}
 						cancel()
 					}
 				}()
 			}
-			time.Sleep(100 * time.Millisecond)
+			// The join lands among the sends: some committed before it,
+			// and as many again after it.
+			sentAtLeast := func(n int64) {
+				testenv.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+					if got := sent.Load(); got < n {
+						return fmt.Errorf("%d sends confirmed, want %d", got, n)
+					}
+					return nil
+				})
+			}
+			sentAtLeast(40)
 			adder, _ := dial(t, env, devs[4])
 			j, err := adder.AddMembers(ctx(t), "g", "nu")
 			if err != nil {
 				t.Fatal(err)
 			}
-			time.Sleep(200 * time.Millisecond)
+			sentAtLeast(sent.Load() + 40)
 			close(stop)
 			wg.Wait()
 			// The join's seq: the first event nu may see.

@@ -247,7 +247,7 @@ func TestOwnBucketsUnderConcurrentRecallsAndAdvances(t *testing.T) {
 	var next atomic.Int64
 	next.Store(msgs + 2)
 	done := make(chan struct{})
-	var wg sync.WaitGroup
+	var wg, recalls sync.WaitGroup
 	errs := make(chan error, 8)
 	for range 2 {
 		wg.Add(1)
@@ -275,9 +275,9 @@ func TestOwnBucketsUnderConcurrentRecallsAndAdvances(t *testing.T) {
 		}
 	}
 	for w := range 3 {
-		wg.Add(1)
+		recalls.Add(1)
 		go func() {
-			defer wg.Done()
+			defer recalls.Done()
 			for k := w; k < msgs; k += 3 {
 				target := int64(order[k] + 2)
 				s := next.Add(1) - 1
@@ -288,14 +288,9 @@ func TestOwnBucketsUnderConcurrentRecallsAndAdvances(t *testing.T) {
 			}
 		}()
 	}
-	time.Sleep(100 * time.Millisecond)
 	// Stop the advances once the recalls are done.
-	go func() {
-		for next.Load() < 2*msgs+2 {
-			time.Sleep(10 * time.Millisecond)
-		}
-		close(done)
-	}()
+	recalls.Wait()
+	close(done)
 	wg.Wait()
 	close(errs)
 	for err := range errs {

@@ -2,10 +2,13 @@ package batch
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/parley-im/parley/test/testenv"
 )
 
 func TestLoneItemRunsAtOnceAndBatchesForm(t *testing.T) {
@@ -33,7 +36,14 @@ func TestLoneItemRunsAtOnceAndBatchesForm(t *testing.T) {
 	for i := 1; i <= 10; i++ {
 		_ = b.Submit(context.Background(), i)
 	}
-	time.Sleep(10 * time.Millisecond)
+	// The former takes queued items into the next batch while the worker
+	// is held.
+	testenv.CheckFor(t, 5*time.Second, time.Millisecond, func() error {
+		if n := len(b.ch); n == 10 {
+			return fmt.Errorf("the former has taken none of the %d queued items", n)
+		}
+		return nil
+	})
 	close(release)
 	b.Close()
 	heldThenBatched(t, sizes, 11)
@@ -74,7 +84,7 @@ func TestFullBatchesUseExtraWorkers(t *testing.T) {
 				if err := b.Submit(context.Background(), i); err != nil {
 					t.Fatal(err)
 				}
-				time.Sleep(2 * time.Millisecond) // one item per batch
+				time.Sleep(2 * time.Millisecond) // pacing, on purpose: one item per batch
 			}
 			b.Close()
 			if most := flight.max(); most != tc.want {
@@ -116,7 +126,7 @@ func TestPreparesInSubmitOrderAndRunsConcurrently(t *testing.T) {
 	b := New(4, 3, 1000, time.Millisecond, func(items [][2]int) {
 		// Preparing takes a random while (a Redis round trip): were
 		// batches prepared concurrently, a later one would often finish
-		// first.
+		// first. The sleep is that work.
 		time.Sleep(time.Duration(rand.IntN(300)) * time.Microsecond)
 		order.see(t, items, "prepared")
 	}, func(items [][2]int) {
@@ -146,7 +156,7 @@ func TestPreparesInSubmitOrderAndRunsConcurrently(t *testing.T) {
 func TestShardedRunsSameKeyInOrder(t *testing.T) {
 	var order keyOrder
 	b := NewSharded(4, 3, 1000, time.Millisecond, func(items [][2]int) {
-		time.Sleep(time.Duration(len(items)) * 100 * time.Microsecond)
+		time.Sleep(time.Duration(len(items)) * 100 * time.Microsecond) // the batch's work
 		order.see(t, items, "ran")
 	}, nil, nil)
 	for v := 1; v <= 200; v++ {
@@ -203,7 +213,7 @@ func (f *inFlight) run(d time.Duration) {
 	f.running++
 	f.most = max(f.most, f.running)
 	f.mu.Unlock()
-	time.Sleep(d)
+	time.Sleep(d) // the batch's work
 	f.mu.Lock()
 	f.running--
 	f.mu.Unlock()
@@ -232,10 +242,12 @@ func (o *observed) Observe(v float64) {
 func TestObservesSizesAndWaits(t *testing.T) {
 	var sizes, waits observed
 	release := make(chan struct{})
+	running := make(chan struct{})
 	first := true
 	b := New(1, 100, 1000, 0, nil, func(items []int) {
 		if first {
 			first = false
+			close(running)
 			<-release
 		}
 	}, &sizes, &waits)
@@ -243,13 +255,13 @@ func TestObservesSizesAndWaits(t *testing.T) {
 	if err := b.Submit(ctx, 0); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(5 * time.Millisecond) // the first batch is running
+	<-running // the first batch is running
 	for i := 1; i <= 5; i++ {
 		if err := b.Submit(ctx, i); err != nil {
 			t.Fatal(err)
 		}
 	}
-	time.Sleep(20 * time.Millisecond)
+	time.Sleep(20 * time.Millisecond) // on purpose: the queued items wait 20 ms
 	close(release)
 	b.Close()
 	var ns []int

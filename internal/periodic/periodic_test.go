@@ -23,11 +23,11 @@ func TestRunPhaseAndPeriod(t *testing.T) {
 			mu.Unlock()
 		})
 	}()
-	time.Sleep(380 * time.Millisecond) // calls at ~50, 150, 250, 350 ms
+	time.Sleep(380 * time.Millisecond) // on purpose, the window under test: calls at ~50, 150, 250, 350 ms
 	close(stop)
 	<-done
 	stopped := time.Since(start)
-	time.Sleep(2 * period)
+	time.Sleep(2 * period) // on purpose: no call may come after Run returned
 	mu.Lock()
 	defer mu.Unlock()
 	// Timers only ever fire late, so the bounds that must hold are the
