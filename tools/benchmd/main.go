@@ -3,6 +3,7 @@
 // BENCHMARKS.md: medians of the repeated runs, with their spread.
 //
 //	go run ./tools/benchmd -dir RESULTS > BENCHMARKS.md
+//	go run ./tools/benchmd -ab RESULTS   # the table of tools/ab.sh
 package main
 
 import (
@@ -49,7 +50,15 @@ func (l *lat) UnmarshalJSON(b []byte) error {
 
 func main() {
 	dir := flag.String("dir", "", "results directory written by tools/bench.sh")
+	ab := flag.String("ab", "", "results directory written by tools/ab.sh: print its comparison instead")
 	flag.Parse()
+	if *ab != "" {
+		if err := abTable(*ab); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		return
+	}
 	if *dir == "" {
 		fmt.Fprintln(os.Stderr, "usage: benchmd -dir RESULTS")
 		os.Exit(2)
