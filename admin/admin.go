@@ -5,13 +5,13 @@
 package admin
 
 import (
-	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"slices"
@@ -19,6 +19,7 @@ import (
 
 	"github.com/parley-im/parley/cursor"
 	"github.com/parley-im/parley/eventlog"
+	"github.com/parley-im/parley/internal/backend"
 	"github.com/parley-im/parley/store"
 	"github.com/parley-im/parley/wire"
 )
@@ -65,8 +66,35 @@ func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	r.Body = http.MaxBytesReader(w, r.Body, 64<<20)
+	h, pattern := a.mux.Handler(r)
+	if pattern == "" {
+		// No route: answer as every other error, in JSON (the mux's own
+		// handler only decides between 404 and 405).
+		rec := &statusRecorder{header: http.Header{}}
+		h.ServeHTTP(rec, r)
+		if allow := rec.header.Get("Allow"); allow != "" {
+			w.Header().Set("Allow", allow)
+		}
+		if rec.status == http.StatusMethodNotAllowed {
+			writeError(w, rec.status, wire.BadRequest, r.Method+" is not allowed on "+r.URL.Path)
+			return
+		}
+		writeError(w, http.StatusNotFound, wire.NotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
+		return
+	}
 	a.mux.ServeHTTP(w, r)
 }
+
+// statusRecorder keeps the status and headers a handler writes, and
+// drops its body.
+type statusRecorder struct {
+	header http.Header
+	status int
+}
+
+func (s *statusRecorder) Header() http.Header         { return s.header }
+func (s *statusRecorder) Write(b []byte) (int, error) { return len(b), nil }
+func (s *statusRecorder) WriteHeader(status int)      { s.status = status }
 
 type userReq struct {
 	ID string `json:"id"`
@@ -106,7 +134,7 @@ func (a *API) createUser(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := a.st.CreateUsers(r.Context(), []string{req.ID}); err != nil {
-		a.fail(w, err)
+		a.fail(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusCreated, req)
@@ -130,7 +158,7 @@ func (a *API) bulkUsers(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if err := a.st.CreateUsers(r.Context(), req.IDs); err != nil {
-		a.fail(w, err)
+		a.fail(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusCreated, map[string]int{"created": len(req.IDs)})
@@ -141,7 +169,7 @@ func (a *API) createDevice(w http.ResponseWriter, r *http.Request) {
 	if !decode(w, r, &req) {
 		return
 	}
-	out, ok := a.newDevices(w, r.Context(), []deviceReq{req})
+	out, ok := a.newDevices(w, r, []deviceReq{req})
 	if ok {
 		writeJSON(w, http.StatusCreated, out[0])
 	}
@@ -158,7 +186,7 @@ func (a *API) bulkDevices(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, wire.BadRequest, "devices: 1 to 100000 devices")
 		return
 	}
-	out, ok := a.newDevices(w, r.Context(), req.Devices)
+	out, ok := a.newDevices(w, r, req.Devices)
 	if ok {
 		writeJSON(w, http.StatusCreated, map[string]any{"devices": out})
 	}
@@ -166,7 +194,7 @@ func (a *API) bulkDevices(w http.ResponseWriter, r *http.Request) {
 
 // newDevices creates devices with fresh tokens; only the tokens' SHA-256
 // is stored, the tokens themselves are shown once, here.
-func (a *API) newDevices(w http.ResponseWriter, ctx context.Context, reqs []deviceReq) ([]deviceResp, bool) {
+func (a *API) newDevices(w http.ResponseWriter, r *http.Request, reqs []deviceReq) ([]deviceResp, bool) {
 	devs := make([]store.Device, len(reqs))
 	out := make([]deviceResp, len(reqs))
 	for i, d := range reqs {
@@ -185,8 +213,8 @@ func (a *API) newDevices(w http.ResponseWriter, ctx context.Context, reqs []devi
 		devs[i] = store.Device{ID: d.ID, User: d.User, TokenSHA256: sum[:]}
 		out[i] = deviceResp{ID: d.ID, User: d.User, Token: token}
 	}
-	if err := a.st.CreateDevices(ctx, devs); err != nil {
-		a.fail(w, err)
+	if err := a.st.CreateDevices(r.Context(), devs); err != nil {
+		a.fail(w, r, err)
 		return nil, false
 	}
 	return out, true
@@ -196,12 +224,12 @@ func (a *API) reinstall(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	dev, err := a.st.DeviceByID(r.Context(), id)
 	if err != nil {
-		a.fail(w, err)
+		a.fail(w, r, err)
 		return
 	}
 	epoch, err := a.st.Reinstall(r.Context(), id)
 	if err != nil {
-		a.fail(w, err)
+		a.fail(w, r, err)
 		return
 	}
 	if err := a.cursors.Forget(r.Context(), dev.User, id); err != nil {
@@ -215,14 +243,19 @@ func (a *API) createConversation(w http.ResponseWriter, r *http.Request) {
 	if !decode(w, r, &req) {
 		return
 	}
-	resp, status, err := a.newConversation(r.Context(), req)
+	c, err := newConversation(req)
 	if err != nil {
-		a.failStatus(w, status, err)
+		writeError(w, http.StatusBadRequest, wire.BadRequest, err.Error())
 		return
 	}
-	writeJSON(w, http.StatusCreated, resp)
+	if err := a.log.Create(r.Context(), c); err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, convResp{ID: c.ID, Head: 1})
 }
 
+// bulkConversations creates every conversation asked for, or none.
 func (a *API) bulkConversations(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		Conversations []convReq `json:"conversations"`
@@ -234,43 +267,46 @@ func (a *API) bulkConversations(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, wire.BadRequest, "conversations: 1 to 100000 conversations")
 		return
 	}
+	cs := make([]store.NewConversation, len(req.Conversations))
 	out := make([]convResp, len(req.Conversations))
-	for i, c := range req.Conversations {
-		resp, status, err := a.newConversation(r.Context(), c)
+	for i, cr := range req.Conversations {
+		c, err := newConversation(cr)
 		if err != nil {
-			a.failStatus(w, status, err)
+			writeError(w, http.StatusBadRequest, wire.BadRequest, fmt.Sprintf("conversations[%d]: %v", i, err))
 			return
 		}
-		out[i] = resp
+		cs[i], out[i] = c, convResp{ID: c.ID, Head: 1}
+	}
+	if err := a.log.Create(r.Context(), cs...); err != nil {
+		a.fail(w, r, err)
+		return
 	}
 	writeJSON(w, http.StatusCreated, map[string]any{"conversations": out})
 }
 
-func (a *API) newConversation(ctx context.Context, req convReq) (convResp, int, error) {
+// newConversation checks req and gives it its id.
+func newConversation(req convReq) (store.NewConversation, error) {
 	members := slices.Compact(slices.Sorted(slices.Values(req.Members)))
 	id := req.ID
 	switch req.Kind {
 	case "direct":
 		if len(members) != 2 {
-			return convResp{}, http.StatusBadRequest, errors.New("direct takes exactly two members")
+			return store.NewConversation{}, errors.New("direct takes exactly two members")
 		}
 		id = eventlog.DirectID(members[0], members[1])
 	case "group":
 		if id == "" {
 			id = eventlog.NewGroupID()
 		} else if err := eventlog.ValidGroupID(id); err != nil {
-			return convResp{}, http.StatusBadRequest, err
+			return store.NewConversation{}, err
 		}
 		if len(members) == 0 {
-			return convResp{}, http.StatusBadRequest, errors.New("members is required")
+			return store.NewConversation{}, errors.New("members is required")
 		}
 	default:
-		return convResp{}, http.StatusBadRequest, errors.New("kind must be group or direct")
+		return store.NewConversation{}, errors.New("kind must be group or direct")
 	}
-	if err := a.log.Create(ctx, id, req.Kind, req.Title, "", members); err != nil {
-		return convResp{}, 0, err
-	}
-	return convResp{ID: id, Head: 1}, 0, nil
+	return store.NewConversation{ID: id, Kind: req.Kind, Title: req.Title, Members: members}, nil
 }
 
 func (a *API) addMembers(w http.ResponseWriter, r *http.Request) {
@@ -286,7 +322,7 @@ func (a *API) addMembers(w http.ResponseWriter, r *http.Request) {
 	}
 	head, err := a.log.AddMembers(r.Context(), r.PathValue("id"), "", "", req.Users)
 	if err != nil {
-		a.fail(w, err)
+		a.fail(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]int64{"head": head})
@@ -295,7 +331,7 @@ func (a *API) addMembers(w http.ResponseWriter, r *http.Request) {
 func (a *API) removeMember(w http.ResponseWriter, r *http.Request) {
 	head, err := a.log.RemoveMember(r.Context(), r.PathValue("id"), "", "", r.PathValue("user"))
 	if err != nil {
-		a.fail(w, err)
+		a.fail(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]int64{"head": head})
@@ -304,26 +340,28 @@ func (a *API) removeMember(w http.ResponseWriter, r *http.Request) {
 func (a *API) getConversation(w http.ResponseWriter, r *http.Request) {
 	c, err := a.st.ConversationByID(r.Context(), r.PathValue("id"))
 	if err != nil {
-		a.fail(w, err)
+		a.fail(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"id": c.ID, "kind": c.Kind, "title": c.Title, "head": c.Head,
 		"members": c.Members, "mode": a.mode(c.Members)})
 }
 
-func (a *API) fail(w http.ResponseWriter, err error) { a.failStatus(w, 0, err) }
-
-func (a *API) failStatus(w http.ResponseWriter, status int, err error) {
+// fail answers a failed request: the client's own mistakes with their
+// 4xx code; a backend that is down 503 UNAVAILABLE; anything else is a
+// bug: 500 INTERNAL, logged with the request.
+func (a *API) fail(w http.ResponseWriter, r *http.Request, err error) {
 	switch {
-	case status == http.StatusBadRequest:
-		writeError(w, status, wire.BadRequest, err.Error())
 	case errors.Is(err, store.ErrExists):
-		writeError(w, http.StatusConflict, wire.Exists, "id exists")
+		writeError(w, http.StatusConflict, wire.Exists, err.Error())
 	case errors.Is(err, store.ErrNotFound), errors.Is(err, store.ErrUnknownUser), errors.Is(err, store.ErrNotMember):
 		writeError(w, http.StatusNotFound, wire.NotFound, err.Error())
-	default:
-		a.logger.Warn("admin request failed", "err", err)
+	case backend.IsUnavailable(err):
+		a.logger.Warn("admin request failed: backend unavailable", "method", r.Method, "path", r.URL.Path, "err", err)
 		writeError(w, http.StatusServiceUnavailable, wire.Unavailable, "a backend is unavailable; retry later")
+	default:
+		a.logger.Error("admin request failed: internal error", "method", r.Method, "path", r.URL.Path, "err", err)
+		writeError(w, http.StatusInternalServerError, wire.Internal, "internal error")
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/parley-im/parley/internal/backend"
 	"github.com/parley-im/parley/store"
 )
 
@@ -124,7 +125,7 @@ func (b *combiner[Q, R]) runBatch(batch []*combined[Q, R]) {
 	}
 	var zero R
 	rs, err := b.run(ctx, qs)
-	if err != nil && len(batch) > 1 && !store.IsUnavailable(err) {
+	if err != nil && len(batch) > 1 && !backend.IsUnavailable(err) {
 		// Not a backend outage: run each request alone, so whatever made
 		// the statement fail fails only its own request.
 		b.g.log.Warn("combined read failed; running its requests one by one", "requests", len(batch), "err", err)

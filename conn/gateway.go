@@ -86,7 +86,7 @@ func New(cfg config.Config, deps Deps, log *slog.Logger, reg prometheus.Register
 	}
 	g.initCombiners()
 	if cfg.PushCoalesce > 0 {
-		go g.every(cfg.PushCoalesce, g.coalesce.flush)
+		g.goroutine(func() { g.every(cfg.PushCoalesce, g.coalesce.flush) })
 	}
 	if cfg.AckCoalesce > 0 {
 		g.goroutine(func() { g.every(cfg.AckCoalesce, g.flushHeldAcks) })
@@ -252,7 +252,9 @@ func (g *Gateway) OnTraffic(c gnet.Conn) gnet.Action {
 		if derr != nil {
 			we, _ := wire.AsError(derr)
 			g.metrics.framesIn.WithLabelValues("invalid").Inc()
-			if !s.gotFirst && req.T != "" && req.T != wire.TAuth {
+			if !s.gotFirst && req.T != wire.TAuth {
+				// Before auth, any frame but an auth closes the
+				// connection, one that does not even decode too.
 				s.fail(req.Rid, wire.Errorf(wire.Unauthenticated, "the first frame must be auth"))
 				return gnet.None
 			}
@@ -260,10 +262,14 @@ func (g *Gateway) OnTraffic(c gnet.Conn) gnet.Action {
 			continue
 		}
 		g.metrics.framesIn.WithLabelValues(req.T).Inc()
-		if req.T == wire.TPing {
+		if req.T == wire.TPing && s.authed.Load() {
 			s.reply(wire.Pong{T: wire.TPong, Rid: req.Rid, Ts: time.Now().UnixMilli()})
 			continue
 		}
+		// Below: frames before auth succeeded. Nothing but auth may come
+		// first; what is pipelined behind an auth is queued behind it and
+		// runs only if it succeeds (a ping too: its pong then follows
+		// auth_ok).
 		if !s.gotFirst {
 			s.gotFirst = true
 			if req.T != wire.TAuth {

@@ -14,6 +14,7 @@ import (
 	"github.com/parley-im/parley/cursor"
 	"github.com/parley-im/parley/eventlog"
 	"github.com/parley-im/parley/fanout"
+	"github.com/parley-im/parley/internal/backend"
 	"github.com/parley-im/parley/store"
 	"github.com/parley-im/parley/wire"
 )
@@ -41,6 +42,8 @@ func (g *Gateway) handle(s *Session, req *wire.Request, start time.Time) {
 	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.RequestTimeout)
 	defer cancel()
 	switch req.T {
+	case wire.TPing: // pipelined behind auth (otherwise answered on the loop)
+		g.answer(s, req, nil, wire.Pong{T: wire.TPong, Rid: req.Rid, Ts: time.Now().UnixMilli()})
 	case wire.TAuth:
 		g.auth(ctx, s, req)
 	case wire.TConvCreate:
@@ -62,7 +65,7 @@ func (g *Gateway) handle(s *Session, req *wire.Request, start time.Time) {
 	case wire.TRecall:
 		res, err := g.deps.Log.Recall(ctx, req.Conv, s.user, s.device, req.Seq, g.cfg.RecallWindow)
 		g.answer(s, req, err, wire.RecallOK{T: wire.TRecallOK, Rid: req.Rid, Conv: req.Conv, Seq: res.Seq, Target: req.Seq})
-	default: // the decoder admits only the types above (ping is answered on the loop)
+	default: // the decoder admits only the types above
 		g.answer(s, req, wire.Errorf(wire.Internal, "unexpected request type %s", req.T), nil)
 	}
 	g.metrics.latency.WithLabelValues(req.T).Observe(time.Since(start).Seconds())
@@ -72,7 +75,7 @@ func (g *Gateway) handle(s *Session, req *wire.Request, start time.Time) {
 // success reply.
 func (g *Gateway) answer(s *Session, req *wire.Request, err error, ok any) {
 	if err != nil {
-		e := g.wireError(req.T, err)
+		e := g.wireError(s, req, err)
 		g.metrics.errors.WithLabelValues(string(e.Code)).Inc()
 		s.reply(wire.ErrorReply(req.Rid, e))
 		return
@@ -84,8 +87,10 @@ func (g *Gateway) answer(s *Session, req *wire.Request, err error, ok any) {
 	s.reply(ok)
 }
 
-// wireError maps an internal error to its error code (docs/protocol.md §6).
-func (g *Gateway) wireError(t string, err error) *wire.Error {
+// wireError maps an error of req to its code (docs/protocol.md §6).
+// UNAVAILABLE is only for a backend that is down or timed out; an error
+// nobody classified is a bug: INTERNAL, logged with the request.
+func (g *Gateway) wireError(s *Session, req *wire.Request, err error) *wire.Error {
 	if e, ok := wire.AsError(err); ok {
 		return e
 	}
@@ -93,12 +98,12 @@ func (g *Gateway) wireError(t string, err error) *wire.Error {
 	case errors.Is(err, store.ErrNotMember), errors.Is(err, store.ErrNotFound):
 		return wire.Errorf(wire.NotMember, "not a member of this conversation")
 	case errors.Is(err, store.ErrUnknownUser):
-		return wire.Errorf(wire.BadRequest, "%v", err)
+		return wire.Errorf(wire.NotFound, "%v", err)
 	case errors.Is(err, store.ErrExists):
 		return wire.Errorf(wire.Exists, "conversation id is taken")
 	case errors.Is(err, store.ErrStaleInstall):
 		return wire.Errorf(wire.StaleInstall, "this connection belongs to an older install of the device")
-	case errors.Is(err, store.ErrCursorAhead), errors.Is(err, eventlog.ErrCursorAhead):
+	case errors.Is(err, store.ErrCursorAhead):
 		return wire.Errorf(wire.CursorAhead, "seq is above the conversation's head")
 	case errors.Is(err, store.ErrNoMessage):
 		return wire.Errorf(wire.NotFound, "no such message")
@@ -106,19 +111,19 @@ func (g *Gateway) wireError(t string, err error) *wire.Error {
 		return wire.Errorf(wire.NotSender, "only the sender may recall a message")
 	case errors.Is(err, store.ErrRecallWindow):
 		return wire.Errorf(wire.RecallWindow, "the recall window (%s) has passed", g.cfg.RecallWindow)
+	case backend.IsUnavailable(err):
+		g.log.Warn("request failed: backend unavailable", "type", req.T, "rid", req.Rid, "conv", req.Conv, "device", s.device, "err", err)
+		return wire.Errorf(wire.Unavailable, "a backend is unavailable; retry later")
 	}
-	// Anything else means a backend did not do its part: nothing that was
-	// asked for was committed (a commit reports success or nothing).
-	g.log.Warn("request failed", "type", t, "err", err)
-	return wire.Errorf(wire.Unavailable, "a backend is unavailable; retry later")
+	g.log.Error("request failed: internal error", "type", req.T, "rid", req.Rid, "conv", req.Conv, "device", s.device, "err", err)
+	return wire.Errorf(wire.Internal, "internal error")
 }
 
 func (g *Gateway) auth(ctx context.Context, s *Session, req *wire.Request) {
 	// Looked up together with the other auths arriving meanwhile.
 	found, err := g.lookups.do(ctx, req.Device)
 	if err != nil {
-		g.log.Warn("auth lookup", "err", err)
-		s.fail(req.Rid, wire.Errorf(wire.Unavailable, "a backend is unavailable; retry later"))
+		s.fail(req.Rid, g.wireError(s, req, err))
 		return
 	}
 	dev := found.dev
@@ -133,8 +138,7 @@ func (g *Gateway) auth(ctx context.Context, s *Session, req *wire.Request) {
 	}
 	token, prev, err := g.deps.Routes.Register(ctx, dev.User, dev.ID, 0)
 	if err != nil {
-		g.log.Warn("auth route", "err", err)
-		s.fail(req.Rid, wire.Errorf(wire.Unavailable, "a backend is unavailable; retry later"))
+		s.fail(req.Rid, g.wireError(s, req, err))
 		return
 	}
 	s.user, s.device, s.epoch, s.token = dev.User, dev.ID, dev.InstallEpoch, token
@@ -195,7 +199,7 @@ func (g *Gateway) convCreate(ctx context.Context, s *Session, req *wire.Request)
 		g.answer(s, req, wire.Errorf(wire.BadRequest, "kind must be group or direct"), nil)
 		return
 	}
-	err := g.deps.Log.Create(ctx, id, req.Kind, req.Title, s.user, members)
+	err := g.deps.Log.Create(ctx, store.NewConversation{ID: id, Kind: req.Kind, Title: req.Title, Actor: s.user, Members: members})
 	if errors.Is(err, store.ErrExists) && req.Kind == "direct" {
 		c, cerr := g.deps.Store.ConversationByID(ctx, id)
 		g.answer(s, req, cerr, wire.ConvCreateOK{T: wire.TConvCreateOK, Rid: req.Rid, Conv: id, Head: c.Head})
@@ -230,7 +234,7 @@ func (g *Gateway) send(s *Session, req *wire.Request, start time.Time) {
 			s.know(conv, r.Seq)
 		}
 		g.metrics.latency.WithLabelValues(wire.TSend).Observe(time.Since(start).Seconds())
-		g.answer(s, &wire.Request{T: wire.TSend, Rid: rid}, r.Err,
+		g.answer(s, &wire.Request{T: wire.TSend, Rid: rid, Conv: conv}, r.Err,
 			wire.SendOK{T: wire.TSendOK, Rid: rid, Conv: conv, Cmid: cmid, Seq: r.Seq, Ts: r.Ts, Dup: r.Dup})
 	})
 }
@@ -293,7 +297,7 @@ func (g *Gateway) read(s *Session, req *wire.Request, start time.Time) {
 	g.deps.Cursors.Read(ctx, s.id, store.ReadUpdate{User: s.user, Conv: req.Conv, Seq: req.Seq}, func(r store.ReadResult) {
 		cancel()
 		g.metrics.latency.WithLabelValues(wire.TRead).Observe(time.Since(start).Seconds())
-		g.answer(s, &wire.Request{T: wire.TRead, Rid: rid}, r.Err, wire.ReadOK{T: wire.TReadOK, Rid: rid, Conv: conv, Read: r.Read, Unread: r.Unread})
+		g.answer(s, &wire.Request{T: wire.TRead, Rid: rid, Conv: conv}, r.Err, wire.ReadOK{T: wire.TReadOK, Rid: rid, Conv: conv, Read: r.Read, Unread: r.Unread})
 		if r.Err != nil || !r.Advanced {
 			return
 		}
@@ -415,7 +419,7 @@ func (g *Gateway) snapshot(ctx context.Context, s *Session, req *wire.Request) {
 			wi.Events[j] = WireEvent(e)
 		}
 		if it.Err != nil {
-			wi = wire.SnapshotItem{Conv: it.Conv, Events: []wire.Event{}, Error: string(g.wireError(req.T, it.Err).Code)}
+			wi = wire.SnapshotItem{Conv: it.Conv, Events: []wire.Event{}, Error: string(g.wireError(s, req, it.Err).Code)}
 		}
 		out.Items[i] = wi
 	}

@@ -127,7 +127,7 @@ func (g *Gateway) mergeAck(s *Session, a cursor.Ack, rid string, start time.Time
 		if !start.IsZero() {
 			g.metrics.latency.WithLabelValues(wire.TAck).Observe(time.Since(start).Seconds())
 		}
-		g.answer(s, &wire.Request{T: wire.TAck, Rid: rid}, r.Err, wire.AckOK{T: wire.TAckOK, Rid: rid, Conv: a.Conv, Delivered: r.Delivered})
+		g.answer(s, &wire.Request{T: wire.TAck, Rid: rid, Conv: a.Conv}, r.Err, wire.AckOK{T: wire.TAckOK, Rid: rid, Conv: a.Conv, Delivered: r.Delivered})
 		if wg != nil {
 			wg.Done()
 		}

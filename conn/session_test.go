@@ -169,32 +169,46 @@ func TestSession(t *testing.T) {
 		assertServerHealthy(t, env)
 	})
 
-	// docs/protocol.md §2: ping is always answered, and auth must be the
-	// first frame. The gateway answers ping before auth without counting
-	// it as the first frame: a client may ping, then authenticate.
+	// Before auth succeeds, a ping is refused like any other frame: it
+	// gets UNAUTHENTICATED (rid echoed) and the connection is closed,
+	// with or without rid.
 	t.Run("PingBeforeAuth", func(t *testing.T) {
 		t.Parallel()
+		for _, req := range []wire.Request{{T: wire.TPing, Rid: "p"}, {T: wire.TPing}} {
+			r := dialRaw(t, env)
+			r.send(req)
+			r.expectError(wire.Unauthenticated, req.Rid)
+			r.expectClosed(3 * time.Second)
+		}
+		// A ping pipelined behind an auth is answered after auth_ok.
+		dev := newUser(t, env, "u")
 		r := dialRaw(t, env)
-		r.ping()
-		r.send(wire.Request{T: wire.TPing})
-		if m := r.expect(wire.TPong); m.Rid != "" || m.Ts == 0 {
+		buf := mustFrame(t, wire.Request{T: wire.TAuth, Rid: "a", Device: dev.ID, Token: dev.Token})
+		r.write(append(buf, mustFrame(t, wire.Request{T: wire.TPing, Rid: "p"})...))
+		if m := r.expect(wire.TAuthOK); m.Rid != "a" {
+			t.Fatalf("auth_ok = %+v", m)
+		}
+		if m := r.expect(wire.TPong); m.Rid != "p" {
 			t.Fatalf("pong = %+v", m)
 		}
-		r.auth(newUser(t, env, "u"))
-		r.ping()
+		assertServerHealthy(t, env)
 	})
 
-	// A body that is not a request (BAD_FRAME) before auth is answered
-	// like after auth, with the connection left open; it is not a
-	// request, so it is not "another frame first". A request with a
-	// missing field whose t is auth is BAD_REQUEST, and auth may follow.
+	// Before auth, a body that is not a request (BAD_FRAME) is a frame
+	// other than auth too: UNAUTHENTICATED and close. An auth with a
+	// missing field is BAD_REQUEST, and auth may follow.
 	t.Run("BadBodyBeforeAuth", func(t *testing.T) {
 		t.Parallel()
+		for _, c := range []struct {
+			body []byte
+			rid  string
+		}{{[]byte{0xc1}, ""}, {mpMap("t", "nope", "rid", "x"), "x"}, {mpMap("t", "sync", "rid", "y", "conv", 1), "y"}} {
+			r := dialRaw(t, env)
+			r.write(withBody(c.body))
+			r.expectError(wire.Unauthenticated, c.rid)
+			r.expectClosed(3 * time.Second)
+		}
 		r := dialRaw(t, env)
-		r.write(withBody([]byte{0xc1}))
-		r.expectError(wire.BadFrame, "")
-		r.write(withBody(mpMap("t", "nope", "rid", "x")))
-		r.expectError(wire.BadFrame, "x")
 		r.write(withBody(mpMap("t", "auth", "rid", "y", "device", "d")))
 		r.expectError(wire.BadRequest, "y")
 		r.auth(newUser(t, env, "u"))

@@ -14,22 +14,22 @@ package eventlog
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
-	"slices"
 	"sync"
 	"time"
 
+	"github.com/parley-im/parley/internal/backend"
 	"github.com/parley-im/parley/internal/batch"
 	"github.com/parley-im/parley/seq"
 	"github.com/parley-im/parley/store"
 )
 
-// Errors returned to callers (besides store's ErrNotMember, ErrNotFound,
-// ErrExists and errors that store.IsUnavailable recognises).
-var (
-	ErrCursorAhead = errors.New("eventlog: after is above head")
-	ErrRetries     = errors.New("eventlog: seq kept being taken; gave up")
-)
+// ErrRetries: a seq kept being taken (a counter Redis lost, re-seeded
+// while sends of the old counter were in flight); nothing was committed.
+// Callers also get store's sentinel errors (ErrNotMember, ErrNotFound,
+// ErrCursorAhead, …) and backend failures (package backend).
+var ErrRetries = fmt.Errorf("eventlog: seq kept being taken; gave up: %w", backend.ErrUnavailable)
 
 // Message is a send request.
 type Message struct {
@@ -73,9 +73,15 @@ type Config struct {
 	BatchSizes batch.Observer
 	// Stages, if set, observe where sends spend their time (seconds).
 	Stages Stages
-	// BeforeLeave, if set, runs before a leave commits (fan-out removes
+	// BeforeLeave, if set, runs once a leave was checked, before its seq
+	// is allocated, under the conversation's change lock (fan-out removes
 	// the leaver's devices from the conversation's online index).
 	BeforeLeave func(ctx context.Context, conv, user string) error
+	// Removed, if set, tells every process that users left conv (each
+	// calls Forget), right after the leave committed and before it is
+	// answered, so their membership caches refuse the users' sends at
+	// once.
+	Removed func(ctx context.Context, conv string, users []string) error
 	// MemberTTL is how old, at most, the answer of the membership check
 	// before a send's seq is allocated may be (memberCache); 0 means 5s.
 	MemberTTL time.Duration
@@ -113,14 +119,16 @@ type Log struct {
 
 	// Seqs of failed sends that could not be recorded as holes yet
 	// (PostgreSQL was down); fenceLoop retries them.
-	fmu      sync.Mutex
-	unfenced map[string][]int64
-	stop     chan struct{}
-	wg       sync.WaitGroup
+	fmu       sync.Mutex
+	unfenced  map[string][]int64
+	nUnfenced int // seqs in unfenced
+	stop      chan struct{}
+	wg        sync.WaitGroup
 }
 
-// maxUnfenced bounds the seqs kept for fenceLoop; past it, readers fence
-// them after the hole timeout instead.
+// maxUnfenced bounds the seqs kept for fenceLoop, over all
+// conversations; past it, readers fence them after the hole timeout
+// instead.
 const maxUnfenced = 100000
 
 type pendingSend struct {
@@ -336,16 +344,24 @@ func (l *Log) fenceFailed(msgs []store.NewMessage) {
 	defer cancel()
 	for conv, seqs := range byConv {
 		if err := l.st.InsertHoles(ctx, conv, seqs, l.now().UnixMilli()); err != nil {
-			l.fmu.Lock()
-			if l.unfenced == nil {
-				l.unfenced = map[string][]int64{}
-			}
-			if n := len(l.unfenced[conv]); n+len(seqs) <= maxUnfenced {
-				l.unfenced[conv] = append(l.unfenced[conv], seqs...)
-			}
-			l.fmu.Unlock()
+			l.keepUnfenced(conv, seqs)
 		}
 	}
+}
+
+// keepUnfenced keeps seqs of conv for fenceLoop, up to maxUnfenced in all;
+// past that, readers fence them after the hole timeout instead.
+func (l *Log) keepUnfenced(conv string, seqs []int64) {
+	l.fmu.Lock()
+	defer l.fmu.Unlock()
+	if l.unfenced == nil {
+		l.unfenced = map[string][]int64{}
+	}
+	if l.nUnfenced+len(seqs) > maxUnfenced {
+		return
+	}
+	l.unfenced[conv] = append(l.unfenced[conv], seqs...)
+	l.nUnfenced += len(seqs)
 }
 
 // fenceLoop retries the holes fenceFailed could not record.
@@ -359,22 +375,27 @@ func (l *Log) fenceLoop() {
 			return
 		case <-t.C:
 		}
-		l.fmu.Lock()
-		pending := l.unfenced
-		l.unfenced = nil
-		l.fmu.Unlock()
-		for conv, seqs := range pending {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			err := l.st.InsertHoles(ctx, conv, seqs, l.now().UnixMilli())
-			cancel()
-			if err != nil {
-				l.fmu.Lock()
-				if l.unfenced == nil {
-					l.unfenced = map[string][]int64{}
-				}
-				l.unfenced[conv] = append(l.unfenced[conv], seqs...)
-				l.fmu.Unlock()
-			}
+		l.refence(l.takeUnfenced())
+	}
+}
+
+// takeUnfenced empties the seqs kept for fenceLoop and returns them.
+func (l *Log) takeUnfenced() map[string][]int64 {
+	l.fmu.Lock()
+	defer l.fmu.Unlock()
+	pending := l.unfenced
+	l.unfenced, l.nUnfenced = nil, 0
+	return pending
+}
+
+// refence records pending as holes, keeping again what still fails.
+func (l *Log) refence(pending map[string][]int64) {
+	for conv, seqs := range pending {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		err := l.st.InsertHoles(ctx, conv, seqs, l.now().UnixMilli())
+		cancel()
+		if err != nil {
+			l.keepUnfenced(conv, seqs)
 		}
 	}
 }
@@ -387,7 +408,7 @@ func (l *Log) Sync(ctx context.Context, conv, user string, after int64, limit in
 			return p, err
 		}
 		if after > p.Head {
-			return p, ErrCursorAhead
+			return p, store.ErrCursorAhead
 		}
 		if p.Gap == 0 || attempt == 8 || l.now().UnixMilli()-p.GapAfterTs < l.cfg.HoleTimeout.Milliseconds() {
 			return p, nil
@@ -401,43 +422,34 @@ func (l *Log) Sync(ctx context.Context, conv, user string, after int64, limit in
 	}
 }
 
-// Create creates a conversation; its join event is seq 1.
-func (l *Log) Create(ctx context.Context, conv, kind, title, actor string, members []string) error {
-	ch := store.MembershipChange{Conv: conv, Actor: actor, Seq: 1, Ts: l.now().UnixMilli()}
-	if err := l.st.CreateConversation(ctx, ch, kind, title, members); err != nil {
+// Create creates conversations, all of them or none (store.ErrExists,
+// store.ErrUnknownUser); each one's join event is seq 1.
+func (l *Log) Create(ctx context.Context, cs ...store.NewConversation) error {
+	ts := l.now().UnixMilli()
+	if err := l.st.CreateConversations(ctx, cs, ts); err != nil {
 		return err
 	}
-	if err := l.seqs.Reseed(ctx, conv); err != nil {
-		l.log.Warn("seeding seq counter", "conv", conv, "err", err)
+	for _, c := range cs {
+		if err := l.seqs.Reseed(ctx, c.ID); err != nil {
+			l.log.Warn("seeding seq counter", "conv", c.ID, "err", err)
+		}
+		l.committed(store.MembershipChange{Conv: c.ID, Actor: c.Actor, Seq: 1, Ts: ts}, store.KindJoin, c.Members, "", int64(len(c.Members)))
 	}
-	l.committed(ch, store.KindJoin, members, "", int64(len(members)))
 	return nil
 }
 
 // AddMembers appends a join event for users (actor "" for the admin API).
+// Adding only current members changes nothing and allocates no seq.
 func (l *Log) AddMembers(ctx context.Context, conv, actor, device string, users []string) (int64, error) {
-	// Adding only current members changes nothing: answer without a seq.
-	allIn := true
-	for _, u := range users {
-		if ok, err := l.members.isMember(ctx, u, conv); err != nil {
-			return 0, err
-		} else if !ok {
-			allIn = false
-			break
-		}
-	}
-	if allIn && (actor == "" || slices.Contains(users, actor) || l.isMember(ctx, actor, conv)) {
-		head, err := l.st.Head(ctx, conv)
-		return head, err
-	}
 	var head, members int64
 	var added []string
-	err := l.membership(ctx, conv, actor, func(ch store.MembershipChange) (err error) {
+	err := l.change(ctx, conv, actor, func(ch *store.MembershipChange) (err error) {
 		head, members, added, err = l.st.AddMembers(ctx, ch, users)
-		if err == nil && len(added) > 0 {
+		return err
+	}, func(ch store.MembershipChange) {
+		if len(added) > 0 {
 			l.committed(ch, store.KindJoin, added, device, members)
 		}
-		return err
 	})
 	return head, err
 }
@@ -446,20 +458,38 @@ func (l *Log) AddMembers(ctx context.Context, conv, actor, device string, users 
 // by actor; "" for the admin API).
 func (l *Log) RemoveMember(ctx context.Context, conv, actor, device, user string) (int64, error) {
 	var head, members int64
-	err := l.membership(ctx, conv, actor, func(ch store.MembershipChange) (err error) {
+	err := l.change(ctx, conv, actor, func(ch *store.MembershipChange) (err error) {
 		if l.cfg.BeforeLeave != nil {
-			if err := l.cfg.BeforeLeave(ctx, conv, user); err != nil {
-				return err
+			alloc := ch.Alloc
+			ch.Alloc = func(ctx context.Context) (int64, error) {
+				// Checked, and not allocated yet: the leaver's devices
+				// leave the online index before any later seq exists.
+				if err := l.cfg.BeforeLeave(ctx, conv, user); err != nil {
+					return 0, err
+				}
+				return alloc(ctx)
 			}
 		}
 		head, members, err = l.st.RemoveMember(ctx, ch, user)
-		l.members.forget(user, conv)
-		if err == nil {
-			l.committed(ch, store.KindLeave, []string{user}, device, members)
-		}
 		return err
+	}, func(ch store.MembershipChange) {
+		l.Forget(conv, []string{user})
+		if l.cfg.Removed != nil {
+			if err := l.cfg.Removed(ctx, conv, []string{user}); err != nil {
+				l.log.Warn("telling other processes of a removal", "conv", conv, "err", err)
+			}
+		}
+		l.committed(ch, store.KindLeave, []string{user}, device, members)
 	})
 	return head, err
+}
+
+// Forget drops what the membership cache knows of users in conv (they
+// left it, here or in another process).
+func (l *Log) Forget(conv string, users []string) {
+	for _, u := range users {
+		l.members.forget(u, conv)
+	}
 }
 
 // IsMember reports whether user is a current member of conv (cached for a
@@ -468,40 +498,34 @@ func (l *Log) IsMember(ctx context.Context, user, conv string) (bool, error) {
 	return l.members.isMember(ctx, user, conv)
 }
 
-func (l *Log) isMember(ctx context.Context, user, conv string) bool {
-	ok, err := l.members.isMember(ctx, user, conv)
-	return err == nil && ok
-}
-
 // Recall appends a recall event for the message at target (sent by actor
-// within window).
+// within window). Refusals and repeats allocate no seq.
 func (l *Log) Recall(ctx context.Context, conv, actor, device string, target int64, window time.Duration) (store.RecallResult, error) {
-	if ok, err := l.members.isMember(ctx, actor, conv); err != nil || !ok {
-		if err == nil {
-			err = store.ErrNotMember
-		}
-		return store.RecallResult{}, err
-	}
-	// Refusals and repeats are answered without allocating a seq.
-	res, done, err := l.st.CheckRecall(ctx, conv, actor, target, window.Milliseconds(), l.now().UnixMilli())
-	if err != nil || done {
-		return res, err
-	}
-	err = l.membership(ctx, conv, actor, func(ch store.MembershipChange) (err error) {
+	var res store.RecallResult
+	err := l.change(ctx, conv, actor, func(ch *store.MembershipChange) (err error) {
 		res, err = l.st.Recall(ctx, ch, target, window.Milliseconds())
-		if err == nil && !res.Again && l.onCommit != nil {
+		return err
+	}, func(ch store.MembershipChange) {
+		if !res.Again && l.onCommit != nil {
 			l.onCommit([]Committed{{Device: device, Members: res.Members, Event: store.Event{Conv: conv, Seq: ch.Seq, Kind: store.KindRecall,
 				Sender: actor, Ts: ch.Ts, Target: target}}})
 		}
-		return err
 	})
+	if errors.Is(err, store.ErrNotFound) {
+		err = store.ErrNotMember // ids cannot be probed
+	}
 	return res, err
 }
 
-// membership allocates a seq and runs apply (a membership change or a
-// recall), re-allocating while the seq turns out to be taken; a seq left
-// unused by a refused change is fenced at once.
-func (l *Log) membership(ctx context.Context, conv, actor string, apply func(store.MembershipChange) error) error {
+// change runs apply, one change of conv's log that is not a message (a
+// membership change or a recall), and then done if it succeeded. The
+// store checks the change under the conversation's change lock and only
+// then allocates its seq (store.MembershipChange), so a refused change
+// allocates nothing; a seq that turns out to be taken is allocated anew
+// after re-seeding the counter, and one left unused by a failure after
+// allocation is recorded as a hole at once. An actor who is not a member
+// (as the cache says) is refused without asking the store.
+func (l *Log) change(ctx context.Context, conv, actor string, apply func(*store.MembershipChange) error, done func(store.MembershipChange)) error {
 	if actor != "" {
 		if ok, err := l.members.isMember(ctx, actor, conv); err != nil || !ok {
 			if err == nil {
@@ -511,21 +535,21 @@ func (l *Log) membership(ctx context.Context, conv, actor string, apply func(sto
 		}
 	}
 	for attempt := 0; attempt < 5; attempt++ {
-		s, err := l.seqs.AllocOne(ctx, conv)
-		if err != nil {
-			return err
-		}
-		ch := store.MembershipChange{Conv: conv, Actor: actor, Seq: s, Ts: l.now().UnixMilli()}
-		err = apply(ch)
+		ch := store.MembershipChange{Conv: conv, Actor: actor, Ts: l.now().UnixMilli(),
+			Alloc: func(ctx context.Context) (int64, error) { return l.seqs.AllocOne(ctx, conv) }}
+		err := apply(&ch)
 		switch {
+		case err == nil:
+			done(ch)
+			return nil
 		case errors.Is(err, store.ErrSeqTaken):
 			if err := l.seqs.Reseed(ctx, conv); err != nil {
 				return err
 			}
 			continue
-		case err != nil && !errors.Is(err, store.ErrNotFound):
-			if herr := l.st.InsertHoles(ctx, conv, []int64{s}, ch.Ts); herr != nil {
-				l.log.Debug("fencing unused seq", "conv", conv, "seq", s, "err", herr)
+		case ch.Seq != 0:
+			if herr := l.st.InsertHoles(ctx, conv, []int64{ch.Seq}, ch.Ts); herr != nil {
+				l.log.Debug("fencing unused seq", "conv", conv, "seq", ch.Seq, "err", herr)
 			}
 		}
 		return err

@@ -159,3 +159,54 @@ func TestMemberCacheRefreshedInBackground(t *testing.T) {
 type counter struct{ n atomic.Int64 }
 
 func (c *counter) Add(v float64) { c.n.Add(int64(v)) }
+
+// TestRejectedChangesAllocateNothing: a membership change or recall is
+// checked under the conversation's change lock before its seq is
+// allocated, whatever the membership cache says. bob is removed by
+// another process, which this log's cache never hears of; his changes
+// and recalls through this log are refused and head does not move.
+func TestRejectedChangesAllocateNothing(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, newLog := logs(ctx, t, "ana", "bob", "cy")
+	cfg := eventlog.Config{CommitBatch: 16, CommitWorkers: 2, MemberTTL: time.Hour}
+	other, l := newLog(cfg, nil), newLog(cfg, nil)
+	r := send(ctx, l, "bob", "b0") // l caches bob as a member
+	if r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	if _, err := other.RemoveMember(ctx, "g", "", "", "bob"); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := l.IsMember(ctx, "bob", "g"); err != nil || !ok {
+		t.Fatalf("l's cache: bob member %v (%v); the test needs a stale entry", ok, err)
+	}
+	head, err := st.Head(ctx, "g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for what, try := range map[string]func() error{
+		"members_add by bob": func() error { _, err := l.AddMembers(ctx, "g", "bob", "", []string{"cy"}); return err },
+		"leave by bob":       func() error { _, err := l.RemoveMember(ctx, "g", "bob", "", "bob"); return err },
+		"recall by bob":      func() error { _, err := l.Recall(ctx, "g", "bob", "", r.Seq, time.Hour); return err },
+		"removing bob again": func() error { _, err := l.RemoveMember(ctx, "g", "", "", "bob"); return err },
+	} {
+		if err := try(); !errors.Is(err, store.ErrNotMember) {
+			t.Fatalf("%s: %v, want ErrNotMember", what, err)
+		}
+		if now, err := st.Head(ctx, "g"); err != nil || now != head {
+			t.Fatalf("%s moved head %d -> %d (%v)", what, head, now, err)
+		}
+	}
+	// An unknown user is refused before allocation too, and so is adding
+	// current members only (nothing to append).
+	if _, err := l.AddMembers(ctx, "g", "ana", "", []string{"cy", "no-such-user"}); !errors.Is(err, store.ErrUnknownUser) {
+		t.Fatalf("adding an unknown user: %v", err)
+	}
+	if h, err := l.AddMembers(ctx, "g", "ana", "", []string{"cy"}); err != nil || h != head {
+		t.Fatalf("adding a current member: head %d (%v), want %d unchanged", h, err, head)
+	}
+	if now, err := st.Head(ctx, "g"); err != nil || now != head {
+		t.Fatalf("refused membership changes moved head %d -> %d (%v)", head, now, err)
+	}
+}

@@ -14,7 +14,10 @@ import (
 // a seq is allocated for it (a refused request must not move head or leave
 // holes), without a PostgreSQL round trip per send from members. Only
 // positive answers are cached; the commit itself checks membership again,
-// so a stale entry costs at most a hole, never a wrong event.
+// so a stale entry costs at most a hole, never a wrong event
+// (docs/consistency.md, "Membership changes and sends"), and a removal in
+// any process drops the removed user's entries everywhere (Log.Forget,
+// called from the bus).
 //
 // An entry that was used is looked up again in the background before it
 // expires (refreshLoop: one statement for every entry due), so a sender

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/parley-im/parley/internal/testenv"
 	"github.com/parley-im/parley/store"
+	"github.com/parley-im/parley/test/testenv"
 )
 
 // TestUnfencedSeqsStayBounded: while PostgreSQL is unreachable, the seqs

@@ -11,7 +11,11 @@ import (
 // Bus carries deliveries and kicks between gateways: each gateway
 // subscribes to its own Redis channel and is addressed by its id from the
 // routing table. Messages on it are hints: one lost while a gateway
-// reconnects to Redis is repaired by the clients' sync.
+// reconnects to Redis is repaired by the clients' sync. Membership
+// removals go to every gateway (a channel they all subscribe to), so
+// their membership caches stop answering for the removed users at once
+// rather than within the cache's lifetime (the commit checks membership
+// itself either way).
 type Bus struct {
 	// Static after construction.
 	rdb     redis.UniversalClient
@@ -23,6 +27,13 @@ type Bus struct {
 type envelope struct {
 	Deliveries []Delivery `msgpack:"d,omitempty"`
 	Kick       *Target    `msgpack:"k,omitempty"`
+	Removed    *Removal   `msgpack:"r,omitempty"`
+}
+
+// Removal is users' removal from conversation Conv.
+type Removal struct {
+	Conv  string   `msgpack:"c"`
+	Users []string `msgpack:"u"`
 }
 
 // NewBus returns the bus endpoint of gateway.
@@ -31,6 +42,9 @@ func NewBus(rdb redis.UniversalClient, prefix, gateway string) *Bus {
 }
 
 func (b *Bus) channel(gw string) string { return b.prefix + "bus:" + gw }
+
+// everyone is the channel every gateway subscribes to.
+func (b *Bus) everyone() string { return b.prefix + "bus-all" }
 
 // Publish sends deliveries to gateway gw.
 func (b *Bus) Publish(ctx context.Context, gw string, ds []Delivery) error {
@@ -43,31 +57,43 @@ func (b *Bus) Kick(ctx context.Context, gw, device string, token int64) error {
 	return b.publish(ctx, gw, envelope{Kick: &Target{Device: device, Token: token}})
 }
 
+// Removed tells every gateway that users are no longer members of conv.
+func (b *Bus) Removed(ctx context.Context, conv string, users []string) error {
+	return b.publishTo(ctx, b.everyone(), envelope{Removed: &Removal{Conv: conv, Users: users}})
+}
+
 func (b *Bus) publish(ctx context.Context, gw string, env envelope) error {
+	return b.publishTo(ctx, b.channel(gw), env)
+}
+
+func (b *Bus) publishTo(ctx context.Context, channel string, env envelope) error {
 	payload, err := msgpack.Marshal(env)
 	if err != nil {
 		return err
 	}
-	if err := b.rdb.Publish(ctx, b.channel(gw), payload).Err(); err != nil {
+	if err := b.rdb.Publish(ctx, channel, payload).Err(); err != nil {
 		return fmt.Errorf("bus: %w", err)
 	}
 	return nil
 }
 
-// Subscribe starts listening on this gateway's channel and returns once
-// the subscription is confirmed; Serve then handles its messages.
+// Subscribe starts listening on this gateway's channel and the channel
+// of every gateway, and returns once both subscriptions are confirmed;
+// Serve then handles their messages.
 func (b *Bus) Subscribe(ctx context.Context) (*redis.PubSub, error) {
-	ps := b.rdb.Subscribe(ctx, b.channel(b.gateway))
-	if _, err := ps.Receive(ctx); err != nil {
-		ps.Close()
-		return nil, fmt.Errorf("bus: %w", err)
+	ps := b.rdb.Subscribe(ctx, b.channel(b.gateway), b.everyone())
+	for range 2 {
+		if _, err := ps.Receive(ctx); err != nil {
+			ps.Close()
+			return nil, fmt.Errorf("bus: %w", err)
+		}
 	}
 	return ps, nil
 }
 
-// Serve hands the messages of ps to local (deliveries) and onKick until
-// ps is closed.
-func Serve(ps *redis.PubSub, local Local, onKick func(Target)) {
+// Serve hands the messages of ps to local (deliveries), onKick and
+// onRemoved until ps is closed.
+func Serve(ps *redis.PubSub, local Local, onKick func(Target), onRemoved func(Removal)) {
 	for m := range ps.Channel(redis.WithChannelSize(1024)) {
 		var env envelope
 		if err := msgpack.Unmarshal([]byte(m.Payload), &env); err != nil {
@@ -78,6 +104,9 @@ func Serve(ps *redis.PubSub, local Local, onKick func(Target)) {
 		}
 		if env.Kick != nil {
 			onKick(*env.Kick)
+		}
+		if env.Removed != nil {
+			onRemoved(*env.Removed)
 		}
 	}
 }

@@ -20,6 +20,7 @@ package fanout
 import (
 	"context"
 	"errors"
+	"fmt"
 	"hash/fnv"
 	"log/slog"
 	"sync"
@@ -29,6 +30,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/parley-im/parley/eventlog"
+	"github.com/parley-im/parley/internal/backend"
 	"github.com/parley-im/parley/internal/periodic"
 	"github.com/parley-im/parley/route"
 	"github.com/parley-im/parley/store"
@@ -441,7 +443,7 @@ func (f *Fanout) ToUser(ctx context.Context, user, exceptDevice string, frame []
 	}
 }
 
-var errClosed = errors.New("fanout: closed")
+var errClosed = fmt.Errorf("fanout: closed: %w", backend.ErrUnavailable)
 
 func (f *Fanout) notifyLoop() {
 	defer f.wg.Done()

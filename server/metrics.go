@@ -17,8 +17,10 @@ type storeMetrics struct {
 	batchSizes  *prometheus.HistogramVec
 	stages      *prometheus.HistogramVec
 	redisErrors *prometheus.CounterVec
-	// The membership check before a send's seq is allocated (eventlog).
-	memberLookups *prometheus.CounterVec
+	// The membership check before a send's seq is allocated (eventlog),
+	// and the removals other processes told its cache of (fanout.Bus).
+	memberLookups  *prometheus.CounterVec
+	removalNotices prometheus.Counter
 }
 
 func newStoreMetrics(reg prometheus.Registerer) storeMetrics {
@@ -36,8 +38,10 @@ func newStoreMetrics(reg prometheus.Registerer) storeMetrics {
 		memberLookups: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "parley_membership_lookups_total",
 			Help: "PostgreSQL lookups of the membership check before a send's seq is allocated, by path: " +
 				"send (a send waited for it) or refresh (made in the background for senders who keep sending)."}, []string{"path"}),
+		removalNotices: prometheus.NewCounter(prometheus.CounterOpts{Name: "parley_membership_removal_notices_total",
+			Help: "Membership removals this process's membership check was told of by the bus (its own included)."}),
 	}
-	reg.MustRegister(m.batchSizes, m.stages, m.redisErrors, m.memberLookups)
+	reg.MustRegister(m.batchSizes, m.stages, m.redisErrors, m.memberLookups, m.removalNotices)
 	return m
 }
 

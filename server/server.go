@@ -104,6 +104,8 @@ type Server struct {
 	adminLn net.Listener
 	metrLn  net.Listener
 	ps      *redis.PubSub
+	// Removal notices from the bus (storeMetrics.removalNotices).
+	removalNotices prometheus.Counter
 
 	httpServers []*http.Server
 	wg          sync.WaitGroup
@@ -168,6 +170,7 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Server, e
 		s.rdb = redis.NewClient(opt)
 	}
 	sm := newStoreMetrics(s.reg)
+	s.removalNotices = sm.removalNotices
 	s.rdb.AddHook(redisErrorHook{sm.redisErrors})
 	if err = s.rdb.Ping(ctx).Err(); err != nil {
 		return nil, fmt.Errorf("redis: %w", err)
@@ -201,7 +204,8 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Server, e
 		Stages: eventlog.Stages{Queue: sends.Queue, Seq: sends.Redis, Insert: sends.Postgres},
 		MemberLookups: eventlog.MemberLookups{Waited: sm.memberLookups.WithLabelValues("send"),
 			Refreshed: sm.memberLookups.WithLabelValues("refresh")},
-		BeforeLeave: func(ctx context.Context, conv, user string) error { return fan.BeforeLeave(ctx, conv, user) }},
+		BeforeLeave: func(ctx context.Context, conv, user string) error { return fan.BeforeLeave(ctx, conv, user) },
+		Removed:     s.bus.Removed},
 		log, func(evs []eventlog.Committed) { fan.Enqueue(evs) })
 	s.gw = conn.New(s.cfg, conn.Deps{Store: s.st, Log: s.events, Cursors: s.cursors, Routes: s.routes, Bus: s.bus, Rows: s.rows,
 		Mentions: conn.NewMentionLimiter(s.rdb, cfg.RedisPrefix, cfg.MentionAllRate, cfg.MentionAllPeriod),
@@ -272,7 +276,12 @@ func (s *Server) MetricsAddr() string {
 // gateway's lease. It returns once the gateway accepts connections.
 func (s *Server) Start(ctx context.Context) error {
 	s.goroutine(func() { s.gwErr <- s.gw.Run() })
-	s.goroutine(func() { fanout.Serve(s.ps, s.gw, s.gw.Kick) })
+	s.goroutine(func() {
+		fanout.Serve(s.ps, s.gw, s.gw.Kick, func(r fanout.Removal) {
+			s.events.Forget(r.Conv, r.Users)
+			s.removalNotices.Inc()
+		})
+	})
 	s.goroutine(s.keepLease)
 	if err := s.rows.Start(ctx); err != nil {
 		return err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -19,50 +20,105 @@ type Conversation struct {
 	Head    int64
 }
 
-// MembershipChange is one conv_create, members_add or leave/removal. The
-// caller allocates Seq (the join/leave event's seq); ErrSeqTaken asks it to
-// allocate another and retry.
+// MembershipChange is one conv_create, members_add, leave/removal or
+// recall: an event of the conversation's log that is not a message.
+//
+// Changes are ordered with the conversation's sends (docs/consistency.md,
+// "Membership changes and sends"): the store takes the conversation's
+// change lock, checks the change, and only then calls Alloc for the
+// event's seq, so a refused change allocates nothing, and every message
+// committed before the change has a lower seq and every message committed
+// after it a higher one. Without Alloc (tests, and conv_create, whose
+// join is seq 1) Seq is used as given. ErrSeqTaken asks the caller to
+// re-seed its counter and retry.
 type MembershipChange struct {
 	Conv  string
 	Actor string // user who made the change; "" for the admin API
-	Seq   int64
 	Ts    int64
+	// Alloc allocates the event's seq; the store calls it at most once,
+	// under the change lock, after the change was checked.
+	Alloc func(ctx context.Context) (int64, error)
+	// Seq is the event's seq: given (without Alloc), or set by the store
+	// once Alloc returned (also when the change then failed, so the
+	// caller can record it as a hole).
+	Seq int64
 }
 
-// CreateConversation creates conversation id with members (the actor, if
-// any, must be among them) and appends their join event at ch.Seq. It
-// returns ErrExists if id is taken, ErrUnknownUser if a member is not a user.
+// NewConversation is a conversation to create: its join event is seq 1,
+// made by Actor ("" for the admin API), who must be among Members.
+type NewConversation struct {
+	ID, Kind, Title, Actor string
+	Members                []string // distinct
+}
+
+// CreateConversation creates conversation ch.Conv with members and
+// appends their join event at ch.Seq (1). It returns ErrExists if the id
+// is taken, ErrUnknownUser if a member is not a user.
 func (s *Store) CreateConversation(ctx context.Context, ch MembershipChange, kind, title string, members []string) error {
+	return s.CreateConversations(ctx, []NewConversation{{ID: ch.Conv, Kind: kind, Title: title, Actor: ch.Actor, Members: members}}, ch.Ts)
+}
+
+// CreateConversations creates every conversation of cs, or none of them
+// (one transaction): ErrExists (naming the id) if one is taken or named
+// twice, ErrUnknownUser (naming the user) if a member is not a user.
+func (s *Store) CreateConversations(ctx context.Context, cs []NewConversation, ts int64) error {
+	var ids, kinds, titles, actors, pairConvs, pairUsers []string
+	var counts []int64
+	for _, c := range cs {
+		ids, kinds, titles, actors = append(ids, c.ID), append(kinds, c.Kind), append(titles, c.Title), append(actors, c.Actor)
+		counts = append(counts, int64(len(c.Members)))
+		for _, u := range c.Members {
+			pairConvs, pairUsers = append(pairConvs, c.ID), append(pairUsers, u)
+		}
+	}
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, `INSERT INTO conversations (conv_id, kind, title, member_count) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING`,
-			ch.Conv, kind, title, len(members))
+		rows, err := tx.Query(ctx, `INSERT INTO conversations (conv_id, kind, title, member_count)
+			SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::int[]) ON CONFLICT DO NOTHING RETURNING conv_id`,
+			ids, kinds, titles, counts)
 		if err != nil {
 			return err
 		}
-		if tag.RowsAffected() == 0 {
-			return ErrExists
+		created, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return err
 		}
-		if missing, err := missingUserTx(ctx, tx, members); err != nil {
+		if len(created) != len(ids) {
+			made := make(map[string]bool, len(created))
+			for _, id := range created {
+				made[id] = true
+			}
+			for _, id := range ids {
+				if !made[id] {
+					return fmt.Errorf("%w: %s", ErrExists, id)
+				}
+				delete(made, id) // an id named twice is taken by its first
+			}
+		}
+		if missing, err := missingUserTx(ctx, tx, pairUsers); err != nil {
 			return err
 		} else if missing != "" {
 			return fmt.Errorf("%w: %s", ErrUnknownUser, missing)
 		}
-		if err := insertMembershipEvent(ctx, tx, ch, KindJoin, members); err != nil {
+		if _, err := tx.Exec(ctx, `INSERT INTO events (conv_id, seq, kind, sender, ts, users)
+			SELECT c.id, 1, $5, c.actor, $6, coalesce(m.users, '{}')
+			  FROM unnest($1::text[], $2::text[]) AS c(id, actor)
+			  LEFT JOIN (SELECT conv, array_agg(u ORDER BY i) AS users FROM unnest($3::text[], $4::text[]) WITH ORDINALITY AS p(conv, u, i) GROUP BY conv) m
+			    ON m.conv = c.id`, ids, actors, pairConvs, pairUsers, KindJoin, ts); err != nil {
 			return err
 		}
-		_, err = tx.Exec(ctx, `INSERT INTO membership_periods (conv_id, user_id, from_seq) SELECT $1, u, $2 FROM unnest($3::text[]) u`,
-			ch.Conv, ch.Seq, members)
+		_, err = tx.Exec(ctx, `INSERT INTO membership_periods (conv_id, user_id, from_seq) SELECT c, u, 1 FROM unnest($1::text[], $2::text[]) AS p(c, u)`,
+			pairConvs, pairUsers)
 		return err
 	})
 }
 
 // AddMembers adds users to the conversation and appends one join event
-// listing those that were not members yet. If all of them already are,
-// nothing is appended and ch.Seq is recorded as a hole. It returns the
-// users actually added. The actor, if any,
-// must be a current member (ErrNotMember); an unknown conversation is
-// ErrNotFound, an unknown user ErrUnknownUser.
-func (s *Store) AddMembers(ctx context.Context, ch MembershipChange, users []string) (head, members int64, added []string, err error) {
+// listing those that were not members yet; it returns them (none, and no
+// event and no seq, if all of them already are). The actor, if any, must
+// be a current member (ErrNotMember); an unknown conversation is
+// ErrNotFound, an unknown user ErrUnknownUser. head is the conversation's
+// head after the change.
+func (s *Store) AddMembers(ctx context.Context, ch *MembershipChange, users []string) (head, members int64, added []string, err error) {
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		if err := lockConversation(ctx, tx, ch); err != nil {
 			return err
@@ -82,12 +138,11 @@ func (s *Store) AddMembers(ctx context.Context, ch MembershipChange, users []str
 		if err != nil {
 			return err
 		}
-		if len(added) == 0 {
-			if err := insertHoles(ctx, tx, ch.Conv, []int64{ch.Seq}, ch.Ts); err != nil {
+		if len(added) > 0 {
+			if err := allocate(ctx, tx, ch); err != nil {
 				return err
 			}
-		} else {
-			if err := insertMembershipEvent(ctx, tx, ch, KindJoin, added); err != nil {
+			if err := insertMembershipEvent(ctx, tx, *ch, KindJoin, added); err != nil {
 				return err
 			}
 			if _, err := tx.Exec(ctx, `INSERT INTO membership_periods (conv_id, user_id, from_seq) SELECT $1, u, $2 FROM unnest($3::text[]) u`,
@@ -107,23 +162,30 @@ func (s *Store) AddMembers(ctx context.Context, ch MembershipChange, users []str
 	return head, members, added, err
 }
 
-// RemoveMember closes user's current membership period at ch.Seq and
-// appends the leave event. ErrNotMember if user (or the actor, if any) is
-// not a current member; ErrNotFound for an unknown conversation.
-func (s *Store) RemoveMember(ctx context.Context, ch MembershipChange, user string) (head, members int64, err error) {
+// RemoveMember closes user's current membership period at the leave
+// event's seq and appends the event. ErrNotMember if user (or the actor,
+// if any) is not a current member; ErrNotFound for an unknown
+// conversation. head is the conversation's head after the change.
+func (s *Store) RemoveMember(ctx context.Context, ch *MembershipChange, user string) (head, members int64, err error) {
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		if err := lockConversation(ctx, tx, ch); err != nil {
 			return err
 		}
-		tag, err := tx.Exec(ctx, `UPDATE membership_periods SET to_seq = $3 WHERE conv_id = $1 AND user_id = $2 AND to_seq IS NULL`,
-			ch.Conv, user, ch.Seq)
-		if err != nil {
+		var member bool
+		if err := tx.QueryRow(ctx, currentMemberSQL, ch.Conv, user).Scan(&member); err != nil {
 			return err
 		}
-		if tag.RowsAffected() == 0 {
+		if !member {
 			return ErrNotMember
 		}
-		if err := insertMembershipEvent(ctx, tx, ch, KindLeave, []string{user}); err != nil {
+		if err := allocate(ctx, tx, ch); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `UPDATE membership_periods SET to_seq = $3 WHERE conv_id = $1 AND user_id = $2 AND to_seq IS NULL`,
+			ch.Conv, user, ch.Seq); err != nil {
+			return err
+		}
+		if err := insertMembershipEvent(ctx, tx, *ch, KindLeave, []string{user}); err != nil {
 			return err
 		}
 		if err := tx.QueryRow(ctx, `UPDATE conversations SET member_count = member_count - 1 WHERE conv_id = $1 RETURNING member_count`, ch.Conv).Scan(&members); err != nil {
@@ -134,27 +196,63 @@ func (s *Store) RemoveMember(ctx context.Context, ch MembershipChange, user stri
 	return head, members, err
 }
 
-// lockConversation takes the conversation's row lock (membership changes
-// of one conversation are serialized by it) and checks the actor.
-func lockConversation(ctx context.Context, tx pgx.Tx, ch MembershipChange) error {
-	var one int
-	err := tx.QueryRow(ctx, `SELECT 1 FROM conversations WHERE conv_id = $1 FOR UPDATE`, ch.Conv).Scan(&one)
+// currentMemberSQL: is user $2 a current member of conversation $1?
+const currentMemberSQL = `SELECT EXISTS (SELECT 1 FROM membership_periods WHERE conv_id = $1 AND user_id = $2 AND to_seq IS NULL)`
+
+// changeLockKey is the key of conv's change lock, a transaction-level
+// PostgreSQL advisory lock: membership changes and recalls take it
+// exclusively, each batch of sends shared (store/events.go). A hash
+// collision of two conversations only makes one wait for the other.
+func changeLockKey(conv string) int64 {
+	h := fnv.New64a()
+	h.Write([]byte(conv))
+	return int64(h.Sum64())
+}
+
+// lockConversation takes the conversation's change lock exclusively (the
+// conversation's sends wait until this transaction ends, and the changes
+// of one conversation are serialized by it), then checks that the
+// conversation exists (ErrNotFound) and that the actor, if any, is a
+// current member (ErrNotMember).
+func lockConversation(ctx context.Context, tx pgx.Tx, ch *MembershipChange) error {
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, changeLockKey(ch.Conv)); err != nil {
+		return err
+	}
+	var member bool
+	err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM membership_periods WHERE conv_id = $1 AND user_id = $2 AND to_seq IS NULL)
+		FROM conversations WHERE conv_id = $1`, ch.Conv, ch.Actor).Scan(&member)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ErrNotFound
 	}
 	if err != nil {
 		return err
 	}
-	if ch.Actor == "" {
+	if ch.Actor != "" && !member {
+		return ErrNotMember
+	}
+	return nil
+}
+
+// allocate gives the change its seq, under the change lock and after the
+// change was checked: ch.Alloc's, which must be above every seq committed
+// in the conversation so far; a lower one (a counter Redis lost, re-seeded
+// while a send with a higher seq was in flight) is ErrSeqTaken. Without
+// Alloc, ch.Seq stands.
+func allocate(ctx context.Context, tx pgx.Tx, ch *MembershipChange) error {
+	if ch.Alloc == nil {
 		return nil
 	}
-	var member bool
-	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM membership_periods WHERE conv_id = $1 AND user_id = $2 AND to_seq IS NULL)`,
-		ch.Conv, ch.Actor).Scan(&member); err != nil {
+	var head int64
+	if err := tx.QueryRow(ctx, `SELECT coalesce(max(seq), 0) FROM events WHERE conv_id = $1`, ch.Conv).Scan(&head); err != nil {
 		return err
 	}
-	if !member {
-		return ErrNotMember
+	seq, err := ch.Alloc(ctx)
+	if err != nil {
+		return err
+	}
+	ch.Seq = seq
+	if seq <= head {
+		return ErrSeqTaken
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -114,7 +115,7 @@ const insertMessagesSQL = `WITH ins AS (
 		SELECT u.conv, u.seq, 1, u.sender, u.cmid, u.body, u.ts
 		FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::bytea[], $6::bigint[]) AS u(conv, seq, sender, cmid, body, ts)
 		WHERE coalesce((SELECT true FROM membership_periods m
-		                WHERE m.conv_id = u.conv AND m.user_id = u.sender AND m.to_seq IS NULL LIMIT 1), false)
+		                WHERE m.conv_id = u.conv AND m.user_id = u.sender AND m.to_seq IS NULL AND m.from_seq <= u.seq LIMIT 1), false)
 		%s
 		RETURNING conv_id, seq)
 	SELECT ins.conv_id, ins.seq, c.member_count,
@@ -136,15 +137,28 @@ func (s *Store) insertMessages(ctx context.Context, msgs []NewMessage, recipient
 		convs[i], senders[i], cmids[i], bodies[i], seqs[i], tss[i] = m.Conv, m.Sender, m.Cmid, m.Body, m.Seq, m.Ts
 	}
 	res := make([]InsertResult, n)
-	// One statement is one transaction: a single round trip and one WAL
-	// flush commit the whole batch. The same statement reads the
-	// recipients of each inserted row in a small conversation (the members
-	// whose membership periods contain its seq).
+	// One transaction, sent in one round trip, and one WAL flush commit
+	// the whole batch: first the change locks of its conversations
+	// (shared), then one statement that inserts the rows of senders whose
+	// open membership period began at or below the row's seq. The insert
+	// takes its snapshot after the locks, so a membership change or recall
+	// that held one is committed by then and is seen: the order of seqs
+	// agrees with the order of membership changes (MembershipChange). The
+	// same statement reads the recipients of each inserted row in a small
+	// conversation (the membership periods that contain its seq).
 	query := insertMessagesPlainSQL
 	if tolerant {
 		query = insertMessagesTolerantSQL
 	}
-	rows, err := s.pool.Query(ctx, query, convs, seqs, senders, cmids, bodies, tss, recipientsBelow)
+	b := &pgx.Batch{}
+	b.Queue(lockSharedSQL, changeLockKeys(convs))
+	b.Queue(query, convs, seqs, senders, cmids, bodies, tss, recipientsBelow)
+	br := s.pool.SendBatch(ctx, b)
+	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return nil, err
+	}
+	rows, err := br.Query()
 	if err != nil {
 		return nil, err
 	}
@@ -166,6 +180,11 @@ func (s *Store) insertMessages(ctx context.Context, msgs []NewMessage, recipient
 		inserted[k] = r
 	}
 	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	// The transaction commits at the end of the batch: only then are the
+	// rows durable.
+	if err := br.Close(); err != nil {
 		return nil, err
 	}
 	var missing []int
@@ -195,17 +214,33 @@ type querier interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
+// lockSharedSQL takes the change locks $1 (sorted, distinct) shared,
+// until the end of the transaction. Sorted: a batch waits only for locks
+// above those it holds, so batches and changes cannot wait in a cycle.
+const lockSharedSQL = `SELECT count(pg_advisory_xact_lock_shared(k)) FROM unnest($1::bigint[]) k`
+
+// changeLockKeys returns the change-lock keys of convs, sorted and
+// distinct.
+func changeLockKeys(convs []string) []int64 {
+	keys := make([]int64, len(convs))
+	for i, c := range convs {
+		keys[i] = changeLockKey(c)
+	}
+	slices.Sort(keys)
+	return slices.Compact(keys)
+}
+
 // resolveMissing explains rows that InsertMessages did not insert.
 func resolveMissing(ctx context.Context, tx querier, msgs []NewMessage, missing []int, res []InsertResult) error {
-	idx := make([]int64, len(missing))
+	idx, seqs := make([]int64, len(missing)), make([]int64, len(missing))
 	convs, senders, cmids := make([]string, len(missing)), make([]string, len(missing)), make([]string, len(missing))
 	for j, i := range missing {
-		idx[j], convs[j], senders[j], cmids[j] = int64(i), msgs[i].Conv, msgs[i].Sender, msgs[i].Cmid
+		idx[j], convs[j], senders[j], cmids[j], seqs[j] = int64(i), msgs[i].Conv, msgs[i].Sender, msgs[i].Cmid, msgs[i].Seq
 	}
 	rows, err := tx.Query(ctx, `SELECT u.i, e.seq, e.ts,
-			EXISTS (SELECT 1 FROM membership_periods m WHERE m.conv_id = u.conv AND m.user_id = u.sender AND m.to_seq IS NULL)
-		FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[]) AS u(i, conv, sender, cmid)
-		LEFT JOIN events e ON e.conv_id = u.conv AND e.sender = u.sender AND e.cmid = u.cmid`, idx, convs, senders, cmids)
+			EXISTS (SELECT 1 FROM membership_periods m WHERE m.conv_id = u.conv AND m.user_id = u.sender AND m.to_seq IS NULL AND m.from_seq <= u.seq)
+		FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::bigint[]) AS u(i, conv, sender, cmid, seq)
+		LEFT JOIN events e ON e.conv_id = u.conv AND e.sender = u.sender AND e.cmid = u.cmid`, idx, convs, senders, cmids, seqs)
 	if err != nil {
 		return err
 	}

@@ -346,78 +346,49 @@ type RecallResult struct {
 	Members int64
 }
 
-// CheckRecall answers a recall that needs no new event, before a seq is
-// allocated for it: the target was recalled already (done, with the first
-// recall), or the recall is refused (ErrNoMessage, ErrNotSender,
-// ErrRecallWindow). Recall checks again under the row lock.
-func (s *Store) CheckRecall(ctx context.Context, conv, actor string, target, windowMs, now int64) (r RecallResult, done bool, err error) {
-	var sender string
-	var ts int64
-	var recalledBy *int64
-	err = s.pool.QueryRow(ctx, `SELECT sender, ts, recalled_by FROM events WHERE conv_id = $1 AND seq = $2 AND kind = 1`,
-		conv, target).Scan(&sender, &ts, &recalledBy)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return r, false, ErrNoMessage
-	case err != nil:
-		return r, false, err
-	case sender != actor:
-		return r, false, ErrNotSender
-	case recalledBy != nil:
-		return RecallResult{Seq: *recalledBy, Target: target, Again: true}, true, nil
-	case now-ts > windowMs:
-		return r, false, ErrRecallWindow
-	}
-	return r, false, nil
-}
-
-// Recall appends a recall event at ch.Seq for message target, marks the
-// target recalled and empties its body, in one transaction. Only the
-// sender (ch.Actor, a current member) may recall, within window
-// milliseconds of the message's ts. Recalling a recalled message returns
-// the first recall (and records ch.Seq as a hole).
-func (s *Store) Recall(ctx context.Context, ch MembershipChange, target, windowMs int64) (RecallResult, error) {
+// Recall appends a recall event for message target, marks the target
+// recalled and empties its body, in one transaction ordered with the
+// conversation's sends (MembershipChange). Only the sender (ch.Actor, a
+// current member) may recall, within window milliseconds of the message's
+// ts: ErrNoMessage, ErrNotSender, ErrRecallWindow, ErrNotMember (also for
+// an unknown conversation). Recalling a recalled message returns the
+// first recall (Again), without a new seq.
+func (s *Store) Recall(ctx context.Context, ch *MembershipChange, target, windowMs int64) (RecallResult, error) {
 	r := RecallResult{Target: target}
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		// The conversation row is locked first: AdvanceDense, which counts
+		if err := lockConversation(ctx, tx, ch); err != nil {
+			if errors.Is(err, ErrNotFound) {
+				return ErrNotMember // no such conversation: nobody is a member
+			}
+			return err
+		}
+		// The conversation row is locked too: AdvanceDense, which counts
 		// own messages into own_msg_buckets as dense_seq passes them, is
 		// ordered before or after this recall (see AdvanceDense).
 		var dense int64
-		err := tx.QueryRow(ctx, `SELECT dense_seq FROM conversations WHERE conv_id = $1 FOR UPDATE`, ch.Conv).Scan(&dense)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return ErrNotMember // no such conversation: nobody is a member
-		}
-		if err != nil {
+		if err := tx.QueryRow(ctx, `SELECT dense_seq, member_count FROM conversations WHERE conv_id = $1 FOR UPDATE`, ch.Conv).Scan(&dense, &r.Members); err != nil {
 			return err
-		}
-		var member bool
-		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM membership_periods WHERE conv_id = $1 AND user_id = $2 AND to_seq IS NULL)`,
-			ch.Conv, ch.Actor).Scan(&member); err != nil {
-			return err
-		}
-		if !member {
-			return ErrNotMember
 		}
 		var sender string
 		var ts int64
 		var recalledBy *int64
-		err = tx.QueryRow(ctx, `SELECT sender, ts, recalled_by FROM events WHERE conv_id = $1 AND seq = $2 AND kind = 1 FOR UPDATE`,
+		err := tx.QueryRow(ctx, `SELECT sender, ts, recalled_by FROM events WHERE conv_id = $1 AND seq = $2 AND kind = 1 FOR UPDATE`,
 			ch.Conv, target).Scan(&sender, &ts, &recalledBy)
-		if errors.Is(err, pgx.ErrNoRows) {
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
 			return ErrNoMessage
-		}
-		if err != nil {
+		case err != nil:
 			return err
-		}
-		if sender != ch.Actor {
+		case sender != ch.Actor:
 			return ErrNotSender
-		}
-		if recalledBy != nil {
+		case recalledBy != nil:
 			r.Seq, r.Again = *recalledBy, true
-			return insertHoles(ctx, tx, ch.Conv, []int64{ch.Seq}, ch.Ts)
-		}
-		if ch.Ts-ts > windowMs {
+			return nil
+		case ch.Ts-ts > windowMs:
 			return ErrRecallWindow
+		}
+		if err := allocate(ctx, tx, ch); err != nil {
+			return err
 		}
 		tag, err := tx.Exec(ctx, `INSERT INTO events (conv_id, seq, kind, sender, ts, target) VALUES ($1, $2, 4, $3, $4, $5) ON CONFLICT DO NOTHING`,
 			ch.Conv, ch.Seq, ch.Actor, ch.Ts, target)
@@ -438,7 +409,7 @@ func (s *Store) Recall(ctx context.Context, ch MembershipChange, target, windowM
 				return err
 			}
 		}
-		return tx.QueryRow(ctx, `SELECT member_count FROM conversations WHERE conv_id = $1`, ch.Conv).Scan(&r.Members)
+		return nil
 	})
 	return r, err
 }

@@ -129,31 +129,6 @@ func (s *Store) Migrate(ctx context.Context) error {
 	return nil
 }
 
-// IsUnavailable reports whether err means PostgreSQL could not be reached
-// or the statement could not run for reasons outside the request (a
-// connection failure, shutdown, a timeout): the caller answers UNAVAILABLE.
-func IsUnavailable(err error) bool {
-	if err == nil {
-		return false
-	}
-	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
-		return true
-	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		// Class 08: connection exception; 57P: operator intervention
-		// (admin shutdown, crash shutdown, cannot connect now); 53: insufficient resources.
-		return strings.HasPrefix(pgErr.Code, "08") || strings.HasPrefix(pgErr.Code, "57P") || strings.HasPrefix(pgErr.Code, "53")
-	}
-	return pgconn.SafeToRetry(err) || isConnErr(err)
-}
-
-func isConnErr(err error) bool {
-	var ce *pgconn.ConnectError
-	return errors.As(err, &ce) || errors.Is(err, pgx.ErrTxClosed) || strings.Contains(err.Error(), "conn closed") ||
-		strings.Contains(err.Error(), "connection refused") || strings.Contains(err.Error(), "unexpected EOF")
-}
-
 func isUniqueViolation(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "23505"

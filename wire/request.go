@@ -100,8 +100,7 @@ func specOf(t string) (fieldSpec, bool) {
 	case TSend:
 		return fieldSpec{FConv | FCmid | FBody, FRid | FMentionAll}, true
 	case TSync:
-		// after defaults to 0 when absent, but is always written.
-		return fieldSpec{FConv, FRid | FAfter | FLimit}, true
+		return fieldSpec{FConv | FAfter, FRid | FLimit}, true
 	case TAck, TRead, TRecall:
 		return fieldSpec{FConv | FSeq, FRid}, true
 	case TConvs:
@@ -161,8 +160,9 @@ func wrongType(field string, cl uint8) *Error {
 //   - BAD_REQUEST: a known field of the wrong type, a negative or out-of-range
 //     seq/after/limit, a missing or empty required field (auth: device, token;
 //     conv_create: kind ("group"|"direct"), members; members_add: conv, users;
-//     leave: conv; send: conv, cmid, body; sync: conv; ack, read, recall: conv,
-//     seq; snapshot: convs with a conv in every element). Msg names the field.
+//     leave: conv; send: conv, cmid, body; sync: conv, after; ack, read,
+//     recall: conv, seq; snapshot: convs with a conv and an after in every
+//     element). Msg names the field.
 //
 // On error the returned Request carries T (when it is a valid type) and Rid
 // (when it decoded as a string), so the error reply can echo rid. Unknown
@@ -437,7 +437,7 @@ func (q *Request) convs(r *reader, cl uint8) *Error {
 			return err
 		}
 		var ca ConvAfter
-		hasConv := false
+		hasConv, hasAfter := false, false
 		for ; m > 0; m-- {
 			if kcl := r.peek(); kcl != clStr {
 				return wrongType(fmt.Sprintf("convs[%d] key", i), kcl)
@@ -472,6 +472,7 @@ func (q *Request) convs(r *reader, cl uint8) *Error {
 					return &Error{Code: BadRequest, Msg: fmt.Sprintf("convs[%d].after: negative or out of range", i)}
 				}
 				ca.After = v
+				hasAfter = true
 			default:
 				if err := r.skip(4); err != nil {
 					return err
@@ -480,6 +481,9 @@ func (q *Request) convs(r *reader, cl uint8) *Error {
 		}
 		if !hasConv || ca.Conv == "" {
 			return &Error{Code: BadRequest, Msg: fmt.Sprintf("convs[%d].conv: missing", i)}
+		}
+		if !hasAfter {
+			return &Error{Code: BadRequest, Msg: fmt.Sprintf("convs[%d].after: missing", i)}
 		}
 		out = append(out, ca)
 	}
@@ -518,16 +522,13 @@ func (q *Request) present() Field {
 }
 
 // Fields returns the keys AppendFrame writes for q besides `t`: the fields
-// its type requires (always, even when zero; sync always gets `after`), plus
+// its type requires (always, even when zero), plus
 // the optional ones that are set (non-zero or marked in Has). For a type
 // that is not a client request type, every set field is written.
 func (q *Request) Fields() Field {
 	spec, ok := specOf(q.T)
 	if !ok {
 		return q.present()
-	}
-	if q.T == TSync {
-		spec.req |= FAfter
 	}
 	return spec.req | (spec.opt & q.present())
 }

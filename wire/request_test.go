@@ -24,7 +24,7 @@ func sampleRequests() []Request {
 		{T: TSend, Rid: "6", Conv: "c1", Cmid: "m-1", Body: bytes.Repeat([]byte("x"), 100)},
 		{T: TSend, Rid: "6b", Conv: "c1", Cmid: "m-2", Body: []byte{}, MentionAll: true},
 		{T: TSend, Conv: "c1", Cmid: "m-3", Body: make([]byte, 70000)},
-		{T: TSync, Rid: "7", Conv: "c1"},
+		{T: TSync, Rid: "7", Conv: "c1", Has: FAfter},
 		{T: TSync, Rid: "8", Conv: "c1", After: 1 << 40, Limit: 1000},
 		{T: TAck, Conv: "c1", Seq: 0},
 		{T: TAck, Rid: "9", Conv: "c1", Seq: 300},
@@ -204,12 +204,15 @@ func TestDecodeRequestBad(t *testing.T) {
 		{"send no body", mp(t, M{"t": "send", "rid": "r10", "conv": "c", "cmid": "m"}), BadRequest, TSend, "r10", "body"},
 		{"send nil body", mp(t, M{"t": "send", "rid": "r10", "conv": "c", "cmid": "m", "body": nil}), BadRequest, TSend, "r10", "body"},
 		{"send no cmid", mp(t, M{"t": "send", "rid": "r10", "conv": "c", "body": []byte("x")}), BadRequest, TSend, "r10", "cmid"},
-		{"sync no conv", mp(t, M{"t": "sync", "rid": "r11"}), BadRequest, TSync, "r11", "conv"},
+		{"sync no conv", mp(t, M{"t": "sync", "rid": "r11", "after": 0}), BadRequest, TSync, "r11", "conv"},
+		{"sync no after", mp(t, M{"t": "sync", "rid": "r11", "conv": "c"}), BadRequest, TSync, "r11", "after"},
+		{"sync nil after", mp(t, M{"t": "sync", "rid": "r11", "conv": "c", "after": nil}), BadRequest, TSync, "r11", "after"},
 		{"ack no seq", mp(t, M{"t": "ack", "conv": "c"}), BadRequest, TAck, "", "seq"},
 		{"recall no seq", mp(t, M{"t": "recall", "rid": "r12", "conv": "c"}), BadRequest, TRecall, "r12", "seq"},
 		{"snapshot no convs", mp(t, M{"t": "snapshot", "rid": "r13"}), BadRequest, TSnapshot, "r13", "convs"},
 		{"snapshot convs element not a map", mp(t, M{"t": "snapshot", "rid": "r13", "convs": []any{"c"}}), BadRequest, TSnapshot, "r13", "convs[0]"},
 		{"snapshot element without conv", mp(t, M{"t": "snapshot", "rid": "r13", "convs": []any{M{"after": 3}}}), BadRequest, TSnapshot, "r13", "convs[0].conv"},
+		{"snapshot element without after", mp(t, M{"t": "snapshot", "rid": "r13", "convs": []any{M{"conv": "c", "after": 1}, M{"conv": "d"}}}), BadRequest, TSnapshot, "r13", "convs[1].after"},
 		{"snapshot negative after", mp(t, M{"t": "snapshot", "rid": "r13", "convs": []any{M{"conv": "c", "after": -3}}}), BadRequest, TSnapshot, "r13", "convs[0].after"},
 		{"snapshot after as string", mp(t, M{"t": "snapshot", "rid": "r13", "convs": []any{M{"conv": "c", "after": "3"}}}), BadRequest, TSnapshot, "r13", "convs[0].after"},
 	} {
@@ -223,6 +226,45 @@ func TestDecodeRequestBad(t *testing.T) {
 				t.Errorf("T=%q Rid=%q, want %q %q", q.T, q.Rid, tc.t, tc.rid)
 			}
 		})
+	}
+}
+
+// TestDecodeRequestRequiredFields: every field a request type does not
+// mark optional (docs/protocol.md §2 and §4) is required; a request
+// without it is BAD_REQUEST naming it, with rid echoed.
+func TestDecodeRequestRequiredFields(t *testing.T) {
+	type M = map[string]any
+	for typ, full := range map[string]M{
+		TAuth:       {"device": "d", "token": "x"},
+		TConvCreate: {"kind": "group", "members": []string{"b"}},
+		TMembersAdd: {"conv": "c", "users": []string{"b"}},
+		TLeave:      {"conv": "c"},
+		TSend:       {"conv": "c", "cmid": "m", "body": []byte("x")},
+		TSync:       {"conv": "c", "after": 0},
+		TAck:        {"conv": "c", "seq": 1},
+		TRead:       {"conv": "c", "seq": 1},
+		TRecall:     {"conv": "c", "seq": 1},
+		TSnapshot:   {"convs": []any{M{"conv": "c", "after": 0}}},
+	} {
+		with := M{"t": typ, "rid": "r"}
+		for k, v := range full {
+			with[k] = v
+		}
+		if _, err := DecodeRequest(mp(t, with)); err != nil {
+			t.Fatalf("%s with every required field: %v", typ, err)
+		}
+		for field := range full {
+			without := M{}
+			for k, v := range with {
+				if k != field {
+					without[k] = v
+				}
+			}
+			q, err := DecodeRequest(mp(t, without))
+			if e, ok := AsError(err); !ok || e.Code != BadRequest || !strings.Contains(e.Msg, field) || q.Rid != "r" {
+				t.Errorf("%s without %s: %v (rid %q), want BAD_REQUEST naming it", typ, field, err, q.Rid)
+			}
+		}
 	}
 }
 

@@ -12,9 +12,11 @@ package batch
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	"sync"
 	"time"
+
+	"github.com/parley-im/parley/internal/backend"
 )
 
 // Observer takes one measurement (prometheus.Observer fits).
@@ -30,8 +32,9 @@ func ObserveSince(o Observer, start time.Time) time.Time {
 	return now
 }
 
-// ErrClosed is returned by Submit after Close.
-var ErrClosed = errors.New("batch: closed")
+// ErrClosed is returned by Submit after Close (a shutdown: the caller's
+// request was not run; it is a backend.ErrUnavailable).
+var ErrClosed = fmt.Errorf("batch: closed: %w", backend.ErrUnavailable)
 
 // Batcher runs run(items) on batches of at most max items: at most
 // workers batches at once, or half as many again when the batches are full
