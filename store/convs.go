@@ -171,12 +171,8 @@ func (s *Store) RemoveMember(ctx context.Context, ch *MembershipChange, user str
 		if err := lockConversation(ctx, tx, ch); err != nil {
 			return err
 		}
-		var member bool
-		if err := tx.QueryRow(ctx, currentMemberSQL, ch.Conv, user).Scan(&member); err != nil {
+		if err := requireMember(ctx, tx, ch.Conv, user); err != nil {
 			return err
-		}
-		if !member {
-			return ErrNotMember
 		}
 		if err := allocate(ctx, tx, ch); err != nil {
 			return err
@@ -218,16 +214,24 @@ func lockConversation(ctx context.Context, tx pgx.Tx, ch *MembershipChange) erro
 	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, changeLockKey(ch.Conv)); err != nil {
 		return err
 	}
-	var member bool
-	err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM membership_periods WHERE conv_id = $1 AND user_id = $2 AND to_seq IS NULL)
-		FROM conversations WHERE conv_id = $1`, ch.Conv, ch.Actor).Scan(&member)
+	var one int
+	err := tx.QueryRow(ctx, `SELECT 1 FROM conversations WHERE conv_id = $1`, ch.Conv).Scan(&one)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ErrNotFound
 	}
-	if err != nil {
+	if err != nil || ch.Actor == "" {
 		return err
 	}
-	if ch.Actor != "" && !member {
+	return requireMember(ctx, tx, ch.Conv, ch.Actor)
+}
+
+// requireMember is ErrNotMember unless user is a current member of conv.
+func requireMember(ctx context.Context, tx pgx.Tx, conv, user string) error {
+	var member bool
+	if err := tx.QueryRow(ctx, currentMemberSQL, conv, user).Scan(&member); err != nil {
+		return err
+	}
+	if !member {
 		return ErrNotMember
 	}
 	return nil

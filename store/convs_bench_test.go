@@ -62,11 +62,11 @@ func BenchmarkConvs(b *testing.B) {
 	defer rdb.Close()
 	rows := fanout.NewRows(rdb, prefix, "bench", fanout.RowsConfig{}, slog.New(slog.DiscardHandler), nil)
 	small := store.ConvOrder{SmallBelow: 200}
-	_, _, _, backfill, err := st.Conversations(ctx, benchUser, benchDevice, 100, nil, small)
+	first, err := st.Conversations(ctx, benchUser, benchDevice, 100, nil, small)
 	if err != nil {
 		b.Fatal(err)
 	}
-	if err := rows.Backfill(ctx, benchUser, backfill); err != nil {
+	if err := rows.Backfill(ctx, benchUser, first.Backfill); err != nil {
 		b.Fatal(err)
 	}
 	for _, limit := range []int{100, 1000} {
@@ -80,10 +80,11 @@ func BenchmarkConvs(b *testing.B) {
 				if order.Rows, err = rows.Read(ctx, benchUser); err != nil {
 					b.Fatal(err)
 				}
-				items, _, _, _, err := st.Conversations(ctx, benchUser, benchDevice, limit, nil, order)
+				page, err := st.Conversations(ctx, benchUser, benchDevice, limit, nil, order)
 				if err != nil {
 					b.Fatal(err)
 				}
+				items := page.Items
 				_ = h.RecordValue(time.Since(start).Microseconds())
 				if len(items) != limit || items[0].Unread != benchEvents-1-benchEvents/10 {
 					b.Fatalf("got %d items, first unread %d", len(items), items[0].Unread)

@@ -46,11 +46,11 @@ func TestMergeCursorsKnownAndChecked(t *testing.T) {
 	}
 	delivered := func() int64 {
 		t.Helper()
-		items, _, _, _, err := st.Conversations(ctx, "ben", "b1", 10, nil, store.ConvOrder{})
-		if err != nil || len(items) != 1 {
-			t.Fatalf("conversations: %+v %v", items, err)
+		page, err := st.Conversations(ctx, "ben", "b1", 10, nil, store.ConvOrder{})
+		if err != nil || len(page.Items) != 1 {
+			t.Fatalf("conversations: %+v %v", page, err)
 		}
-		return items[0].Delivered
+		return page.Items[0].Delivered
 	}
 
 	// Both paths merge; the full one refuses what it must.

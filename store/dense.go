@@ -1,0 +1,50 @@
+package store
+
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// AdvanceDense raises the dense_seq watermark of each conversation to the
+// end of the run of seqs that hold rows, starting from its current value
+// (migration 0003), and adds the messages it passes to own_msg_buckets
+// (migration 0004). A lower bound is always safe: it only makes unread
+// counting read a few more index entries. Called after commits.
+//
+// The conversation rows are locked first, in id order (so concurrent
+// callers cannot deadlock), and the second statement's snapshot is taken
+// after that: no recall of these conversations can commit in between, so
+// each message is counted in its bucket exactly when the watermark passes
+// it, as it is at that moment.
+func (s *Store) AdvanceDense(ctx context.Context, convs []string) error {
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT 1 FROM conversations WHERE conv_id = ANY($1) ORDER BY conv_id FOR UPDATE`, convs); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `
+WITH d AS (
+    SELECT c.conv_id, c.dense_seq AS d0,
+           coalesce((SELECT max(t.seq) FROM (SELECT e.seq, e.seq - row_number() OVER (ORDER BY e.seq) AS k
+                                               FROM events e WHERE e.conv_id = c.conv_id AND e.seq > c.dense_seq) t
+                      WHERE t.k = c.dense_seq), c.dense_seq) AS d1
+      FROM conversations c WHERE c.conv_id = ANY($1)
+), counted AS (
+    INSERT INTO own_msg_buckets (conv_id, sender, bucket, n)
+    SELECT d.conv_id, x.sender, x.bucket, x.n
+      FROM d CROSS JOIN unread_settings s
+      -- LATERAL: each conversation's new seqs by index; a plain join let
+      -- the planner scan every message of the table, growing with it.
+      CROSS JOIN LATERAL (SELECT e.sender, e.seq >> s.bucket_bits AS bucket, count(*) AS n
+                            FROM events e
+                           WHERE e.conv_id = d.conv_id AND e.seq > d.d0 AND e.seq <= d.d1
+                             AND e.kind = 1 AND e.recalled_by IS NULL
+                           GROUP BY 1, 2) x
+     WHERE d.d1 > d.d0
+     ORDER BY 1, 2, 3
+    ON CONFLICT (conv_id, sender, bucket) DO UPDATE SET n = own_msg_buckets.n + EXCLUDED.n
+)
+UPDATE conversations c SET dense_seq = d.d1 FROM d WHERE c.conv_id = d.conv_id AND d.d1 > d.d0`, convs)
+		return err
+	})
+}
