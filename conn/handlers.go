@@ -340,31 +340,29 @@ func (g *Gateway) convs(ctx context.Context, s *Session, req *wire.Request) {
 			order.Rows = rows
 		}
 	}
-	items, more, next, backfill, err := g.deps.Store.Conversations(ctx, s.user, s.device, limit, cur, order)
+	page, err := g.deps.Store.Conversations(ctx, s.user, s.device, limit, cur, order)
 	if err != nil {
 		g.answer(s, req, err, nil)
 		return
 	}
-	if len(backfill) > 0 && g.deps.Rows != nil {
+	if len(page.Backfill) > 0 && g.deps.Rows != nil {
 		defer func() {
-			if err := g.deps.Rows.Backfill(ctx, s.user, backfill); err != nil {
+			if err := g.deps.Rows.Backfill(ctx, s.user, page.Backfill); err != nil {
 				g.log.Debug("backfilling conversation rows", "err", err)
 			}
 		}()
 	}
-	s.omu.Lock() // one lock for the page (know)
-	for _, it := range items {
-		s.knowLocked(it.Conv, it.Head)
-	}
-	s.omu.Unlock()
-	out := wire.ConvsOK{T: wire.TConvsOK, Rid: req.Rid, More: more, Items: make([]wire.ConvItem, len(items))}
-	for i, it := range items {
+	heads := make([]store.ConvSeq, len(page.Items))
+	out := wire.ConvsOK{T: wire.TConvsOK, Rid: req.Rid, More: page.More, Items: make([]wire.ConvItem, len(page.Items))}
+	for i, it := range page.Items {
+		heads[i] = store.ConvSeq{Conv: it.Conv, Seq: it.Head}
 		out.Items[i] = wire.ConvItem{Conv: it.Conv, Kind: it.Kind, Title: it.Title,
-			Mode: fanout.Mode(it.Members, g.cfg.WriteFanoutMax, g.cfg.OnlineFanoutMax), Epoch: it.Epoch, Head: it.Head,
+			Mode: fanout.TierOf(it.Members, g.cfg.WriteFanoutMax, g.cfg.OnlineFanoutMax).String(), Epoch: it.Epoch, Head: it.Head,
 			MinSeq: it.MinSeq, Delivered: it.Delivered, Read: it.Read, Unread: it.Unread, LastTs: it.LastTs}
 	}
-	if more && next != nil {
-		out.Cursor = encodeConvCursor(*next)
+	s.knowAll(heads)
+	if page.More && page.Next != nil {
+		out.Cursor = encodeConvCursor(*page.Next)
 	}
 	g.answer(s, req, nil, out)
 }
@@ -404,13 +402,13 @@ func (g *Gateway) snapshot(ctx context.Context, s *Session, req *wire.Request) {
 		g.answer(s, req, err, nil)
 		return
 	}
-	s.omu.Lock() // know: acks after a reconnect's snapshot take the cheap path
+	heads := make([]store.ConvSeq, 0, len(items))
 	for _, it := range items {
 		if it.Err == nil {
-			s.knowLocked(it.Conv, it.Head)
+			heads = append(heads, store.ConvSeq{Conv: it.Conv, Seq: it.Head})
 		}
 	}
-	s.omu.Unlock()
+	s.knowAll(heads) // acks after a reconnect's snapshot take the cheap path
 	out := wire.SnapshotOK{T: wire.TSnapshotOK, Rid: req.Rid, Items: make([]wire.SnapshotItem, len(items))}
 	for i, it := range items {
 		wi := wire.SnapshotItem{Conv: it.Conv, Head: it.Head, Read: it.Read, Unread: it.Unread, Skipped: it.Skipped,

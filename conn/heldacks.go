@@ -65,9 +65,7 @@ func (s *Session) holdAck(a cursor.Ack) {
 	// The redelivery scan counts it now (ack_coalesce may be longer than
 	// redelivery_delay): it can fail only as STALE_INSTALL, and then no
 	// hint is due to this connection anyway.
-	s.omu.Lock()
-	s.redelivery.acked(a.Conv, a.Seq)
-	s.omu.Unlock()
+	s.acked(a.Conv, a.Seq)
 	s.g.metrics.acksHeld.Inc()
 	if first {
 		s.g.held.add(s)
@@ -120,9 +118,7 @@ func (g *Gateway) mergeAck(s *Session, a cursor.Ack, rid string, start time.Time
 	g.deps.Cursors.Merge(ctx, s.id, a, func(r cursor.Result) {
 		cancel()
 		if r.Err == nil {
-			s.omu.Lock()
-			s.redelivery.acked(a.Conv, r.Delivered)
-			s.omu.Unlock()
+			s.acked(a.Conv, r.Delivered)
 		}
 		if !start.IsZero() {
 			g.metrics.latency.WithLabelValues(wire.TAck).Observe(time.Since(start).Seconds())

@@ -8,6 +8,7 @@ import (
 	"github.com/panjf2000/gnet/v2"
 
 	"github.com/parley-im/parley/cursor"
+	"github.com/parley-im/parley/store"
 	"github.com/parley-im/parley/wire"
 )
 
@@ -228,6 +229,22 @@ func (s *Session) write(frame []byte, conv string, seq int64, coalesce bool, now
 func (s *Session) know(conv string, seq int64) {
 	s.omu.Lock()
 	s.knowLocked(conv, seq)
+	s.omu.Unlock()
+}
+
+// knowAll is know of each (conv, seq), under one lock.
+func (s *Session) knowAll(ks []store.ConvSeq) {
+	s.omu.Lock()
+	for _, k := range ks {
+		s.knowLocked(k.Conv, k.Seq)
+	}
+	s.omu.Unlock()
+}
+
+// acked tells the redelivery scan that conv is acked up to seq.
+func (s *Session) acked(conv string, seq int64) {
+	s.omu.Lock()
+	s.redelivery.acked(conv, seq)
 	s.omu.Unlock()
 }
 

@@ -66,7 +66,6 @@ type Fanout struct {
 	st     *store.Store
 	routes *route.Table
 	bus    *Bus
-	local  Local
 	log    *slog.Logger
 	rows   *Rows
 	// Tier thresholds (Mode): conversations with fewer than writeMax
@@ -74,6 +73,9 @@ type Fanout struct {
 	// above it in the pull tier.
 	writeMax, onlineMax int
 	metrics             fanoutMetrics
+
+	// Set by Start, before the goroutines that read it start.
+	local Local
 
 	// One queue per worker; a conversation's events always go to the same
 	// worker, so its pushes leave in the order they were committed.
@@ -98,29 +100,37 @@ type Fanout struct {
 	closeOnce sync.Once
 }
 
-// New starts workers delivery goroutines. ackFlush is the gateway's held-ack
+// New returns fan-out with workers delivery queues, ready to take events
+// (Enqueue); Start starts the goroutines that deliver them. ackFlush is
+// the gateway's held-ack
 // flush period (config ack_coalesce, 0 if acks are not held): the
 // dense_seq advance, once a second, runs half of it (of a second at most)
 // after a flush, so that for a period that divides a second (1s, the
 // default, 500ms, 200ms, …) or is a whole number of seconds the two never
 // reach PostgreSQL together.
-func New(st *store.Store, routes *route.Table, bus *Bus, local Local, rows *Rows, writeMax, onlineMax int, log *slog.Logger, reg prometheus.Registerer, workers int, ackFlush time.Duration) *Fanout {
+func New(st *store.Store, routes *route.Table, bus *Bus, rows *Rows, writeMax, onlineMax int, log *slog.Logger, reg prometheus.Registerer, workers int, ackFlush time.Duration) *Fanout {
 	if ackFlush <= 0 || ackFlush > time.Second {
 		ackFlush = time.Second
 	}
-	f := &Fanout{st: st, routes: routes, bus: bus, local: local, rows: rows, writeMax: writeMax, onlineMax: onlineMax, log: log,
+	f := &Fanout{st: st, routes: routes, bus: bus, rows: rows, writeMax: writeMax, onlineMax: onlineMax, log: log,
 		metrics: newFanoutMetrics(reg), advancePhase: ackFlush.Seconds() / 2,
 		dirty: map[string]bool{}, stop: make(chan struct{}), notes: make(chan userFrame, 4096)}
-	f.wg.Add(workers)
-	for i := 0; i < workers; i++ {
-		q := make(chan []eventlog.Committed, 4096/workers+1)
-		f.queues = append(f.queues, q)
+	for range workers {
+		f.queues = append(f.queues, make(chan []eventlog.Committed, 4096/workers+1))
+	}
+	return f
+}
+
+// Start starts delivering, to local (this process's gateway) and over the
+// bus; call it once, before Close.
+func (f *Fanout) Start(local Local) {
+	f.local = local
+	f.wg.Add(len(f.queues) + 2)
+	for _, q := range f.queues {
 		go f.work(q)
 	}
-	f.wg.Add(2)
 	go f.advanceLoop()
 	go f.notifyLoop()
-	return f
 }
 
 // Enqueue queues committed events for delivery. It blocks while the queue
@@ -226,7 +236,7 @@ func (f *Fanout) work(queue chan []eventlog.Committed) {
 func (f *Fanout) deliver(ctx context.Context, evs []eventlog.Committed) error {
 	var small, big []eventlog.Committed
 	for _, e := range evs {
-		if Mode(e.Members, f.writeMax, f.onlineMax) == "push" {
+		if TierOf(e.Members, f.writeMax, f.onlineMax) == TierPush {
 			small = append(small, e)
 		} else {
 			big = append(big, e)
@@ -396,8 +406,8 @@ func (f *Fanout) queueRows(ctx context.Context, evs []eventlog.Committed, recipi
 			writes += len(recipients[i])
 		}
 	}
-	f.metrics.events.WithLabelValues("push").Add(float64(len(evs)))
-	f.metrics.rowWrites.WithLabelValues("push").Add(float64(writes))
+	f.metrics.events.WithLabelValues(TierPush.String()).Add(float64(len(evs)))
+	f.metrics.rowWrites.WithLabelValues(TierPush.String()).Add(float64(writes))
 	f.rows.Queue(ctx, jobs)
 }
 
@@ -408,14 +418,40 @@ func PushFrame(e store.Event) ([]byte, error) {
 	return wire.AppendFrame(nil, p)
 }
 
-// Mode is the fan-out tier of a conversation with n current members
-// (docs/protocol.md §4 convs.mode): "push" below writeMax, "online" up to
-// onlineMax, "pull" above.
-func Mode(n int64, writeMax, onlineMax int) string {
+// Tier is a conversation's fan-out tier (docs/fanout.md), chosen by its
+// current member count.
+type Tier uint8
+
+// The tiers, smallest conversations first.
+const (
+	// TierPush: every member's conversation row is written and every
+	// online device of a member gets the push (write fan-out).
+	TierPush Tier = iota
+	// TierOnline: only online members' rows are written and pushed.
+	TierOnline
+	// TierPull: online devices get the push; no per-member writes.
+	TierPull
+)
+
+// TierOf is the tier of a conversation with n current members: push below
+// writeMax, online up to onlineMax, pull above.
+func TierOf(n int64, writeMax, onlineMax int) Tier {
 	switch {
 	case n < int64(writeMax):
-		return "push"
+		return TierPush
 	case n <= int64(onlineMax):
+		return TierOnline
+	}
+	return TierPull
+}
+
+// String is the tier's name on the wire (docs/protocol.md §4 convs.mode)
+// and in metrics: "push", "online" or "pull".
+func (t Tier) String() string {
+	switch t {
+	case TierPush:
+		return "push"
+	case TierOnline:
 		return "online"
 	}
 	return "pull"

@@ -52,8 +52,8 @@ func (f *Fanout) deliverBig(ctx context.Context, evs []eventlog.Committed) error
 			continue
 		}
 		for _, e := range ces {
-			tier := Mode(e.Members, f.writeMax, f.onlineMax)
-			f.metrics.events.WithLabelValues(tier).Inc()
+			tier := TierOf(e.Members, f.writeMax, f.onlineMax)
+			f.metrics.events.WithLabelValues(tier.String()).Inc()
 			frame, err := PushFrame(e.Event)
 			if err != nil {
 				return err
@@ -83,13 +83,13 @@ func (f *Fanout) deliverBig(ctx context.Context, evs []eventlog.Committed) error
 			if e.Sender != "" && e.Kind != store.KindLeave {
 				users[e.Sender] = true // the sender is online (or the admin API acted: "")
 			}
-			if tier == "online" && len(users) > 0 {
+			if tier == TierOnline && len(users) > 0 {
 				job := RowJob{Conv: e.Conv, Ts: e.Ts}
 				for u := range users {
 					job.Users = append(job.Users, u)
 				}
 				jobs = append(jobs, job)
-				f.metrics.rowWrites.WithLabelValues(tier).Add(float64(len(job.Users)))
+				f.metrics.rowWrites.WithLabelValues(tier.String()).Add(float64(len(job.Users)))
 			}
 		}
 	}

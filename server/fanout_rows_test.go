@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/parley-im/parley/fanout"
 	"github.com/parley-im/parley/test/parleytest"
 	"github.com/parley-im/parley/test/testenv"
 	"github.com/parley-im/parley/wire"
@@ -137,7 +139,7 @@ func TestFaultFanoutWorkerKilledMidFanout(t *testing.T) {
 	// acknowledges them, while messages keep coming.
 	dead := make(chan int, 1)
 	stopDead := make(chan struct{})
-	var taking atomic.Int64 // entries the dying worker has taken so far
+	var newest atomic.Int64 // the newest message ts in the entries the dying worker took
 	go func() {
 		taken := 0
 		defer func() { dead <- taken }()
@@ -149,11 +151,21 @@ func TestFaultFanoutWorkerKilledMidFanout(t *testing.T) {
 			}
 			res, err := rdb.XReadGroup(context.Background(), &redis.XReadGroupArgs{Group: "rows", Consumer: "dying-worker",
 				Streams: []string{stream, ">"}, Count: 10, Block: 100 * time.Millisecond}).Result()
-			if err == nil {
-				for _, s := range res {
-					taken += len(s.Messages)
+			if err != nil {
+				continue
+			}
+			for _, s := range res {
+				taken += len(s.Messages)
+				for _, m := range s.Messages {
+					var jobs []fanout.RowJob
+					if payload, ok := m.Values["j"].(string); ok && msgpack.Unmarshal([]byte(payload), &jobs) == nil {
+						for _, j := range jobs {
+							if j.Conv == "big" && j.Ts > newest.Load() {
+								newest.Store(j.Ts)
+							}
+						}
+					}
 				}
-				taking.Store(int64(taken))
 			}
 		}
 	}()
@@ -167,9 +179,11 @@ func TestFaultFanoutWorkerKilledMidFanout(t *testing.T) {
 		confirmed = append(confirmed, r.Seq)
 		lastTs = r.Ts
 	}
+	// It dies once it took the entry of the last message: every row
+	// write is then in its hands.
 	testenv.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
-		if taking.Load() == 0 {
-			return fmt.Errorf("the dying worker has taken no entries yet")
+		if n := newest.Load(); n < lastTs {
+			return fmt.Errorf("the dying worker has taken row writes up to ts %d, not the last message's %d", n, lastTs)
 		}
 		return nil
 	})

@@ -193,30 +193,24 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Server, e
 	s.cursors = cursor.New(s.st, s.rdb, cfg.RedisPrefix, log, cursor.Config{
 		AckWorkers: cfg.AckWorkers, AckLinger: cfg.AckLinger, ReadWorkers: max(1, cfg.CommitWorkers/2), MaxBatch: cfg.CommitBatch,
 		Acks: sm.commitMetrics("ack"), Reads: sm.commitMetrics("read")})
-	// The gateway and fan-out refer to each other (fan-out delivers to the
-	// gateway; the gateway's requests feed the log that feeds fan-out).
-	var fan *fanout.Fanout
+	// Fan-out takes the log's commits and the gateway's logins; it
+	// delivers to the gateway once that exists (Start).
 	s.rows = fanout.NewRows(s.rdb, cfg.RedisPrefix, s.cfg.GatewayID+"-"+s.routes.Boot(),
 		fanout.RowsConfig{Workers: cfg.FanoutWorkers, ClaimIdle: cfg.FanoutClaimIdle}, log, s.reg)
+	s.fan = fanout.New(s.st, s.routes, s.bus, s.rows, cfg.WriteFanoutMax, cfg.OnlineFanoutMax, log, s.reg, 4, cfg.AckCoalesce)
 	sends := sm.commitMetrics("send")
 	s.events = eventlog.New(s.st, seqs, eventlog.Config{HoleTimeout: cfg.HoleTimeout, CommitBatch: cfg.CommitBatch, CommitWorkers: cfg.CommitWorkers, CommitLinger: cfg.CommitLinger,
 		RecipientsBelow: cfg.WriteFanoutMax, BatchSizes: sends.Sizes,
 		Stages: eventlog.Stages{Queue: sends.Queue, Seq: sends.Redis, Insert: sends.Postgres},
 		MemberLookups: eventlog.MemberLookups{Waited: sm.memberLookups.WithLabelValues("send"),
 			Refreshed: sm.memberLookups.WithLabelValues("refresh")},
-		BeforeLeave: func(ctx context.Context, conv, user string) error { return fan.BeforeLeave(ctx, conv, user) },
+		BeforeLeave: s.fan.BeforeLeave,
 		Removed:     s.bus.Removed},
-		log, func(evs []eventlog.Committed) { fan.Enqueue(evs) })
+		log, s.fan.Enqueue)
 	s.gw = conn.New(s.cfg, conn.Deps{Store: s.st, Log: s.events, Cursors: s.cursors, Routes: s.routes, Bus: s.bus, Rows: s.rows,
 		Mentions: conn.NewMentionLimiter(s.rdb, cfg.RedisPrefix, cfg.MentionAllRate, cfg.MentionAllPeriod),
-		Online: func(ctx context.Context, user, device string, token int64) error {
-			return fan.Online(ctx, user, device, token)
-		},
-		Notify: func(ctx context.Context, user, except string, frame []byte) error {
-			return fan.ToUser(ctx, user, except, frame)
-		}}, log, s.reg)
-	fan = fanout.New(s.st, s.routes, s.bus, s.gw, s.rows, cfg.WriteFanoutMax, cfg.OnlineFanoutMax, log, s.reg, 4, cfg.AckCoalesce)
-	s.fan = fan
+		Online:   s.fan.Online, Notify: s.fan.ToUser}, log, s.reg)
+	s.fan.Start(s.gw)
 	if s.ps, err = s.bus.Subscribe(ctx); err != nil {
 		return nil, err
 	}
@@ -287,7 +281,7 @@ func (s *Server) Start(ctx context.Context) error {
 		return err
 	}
 
-	mode := func(n int64) string { return fanout.Mode(n, s.cfg.WriteFanoutMax, s.cfg.OnlineFanoutMax) }
+	mode := func(n int64) string { return fanout.TierOf(n, s.cfg.WriteFanoutMax, s.cfg.OnlineFanoutMax).String() }
 	s.serveHTTP(s.adminLn, admin.New(s.cfg.AdminToken, s.st, s.events, s.cursors, mode, s.log))
 	if s.metrLn != nil {
 		s.serveHTTP(s.metrLn, s.metricsMux())
