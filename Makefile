@@ -51,7 +51,7 @@ test-cluster: services ## Run the server tests with a 6-node Redis Cluster (redi
 	$(TEST_ENV) PARLEY_TEST_REDIS_CLUSTER="$$seeds" $(GO) test -race -count=1 -timeout 9m ./server/
 .PHONY: test-cluster
 
-bench: services ## Run the standard benchmark suite (a few minutes) and write BENCHMARKS.md
+bench: services ## Run the standard benchmark suite (about 10 minutes) and write BENCHMARKS.md
 	$(TEST_ENV) bash tools/bench.sh
 .PHONY: bench
 

@@ -76,7 +76,7 @@ type Config struct {
 	Rate       float64       // target sends per second, aggregate (required)
 	Duration   time.Duration // length of the send window (default 10s, at most MaxDuration)
 	Drain      time.Duration // wait after the window for replies and pushes (default 3s)
-	// Warmup (direct, group, large): send at Rate this long before the
+	// Warmup (direct, group, large, mixed): send at Rate this long before the
 	// window, then wait for its replies and pushes; latencies, rates and
 	// CPU count only the window, lost and duplicated count both.
 	Warmup      time.Duration
@@ -139,6 +139,15 @@ type Config struct {
 	ReadProb       float64       // default 0.3; negative: never read
 	ReadDelay      time.Duration // default 1s; negative: read at once
 
+	// Probes beside any scenario that sends (docs/loadtest.md, "Probes"):
+	// ProbePostgres, a PostgreSQL URL, runs a bare commit probe (one row
+	// per transaction into a table of its own) and reports the WAL written
+	// per confirmed send (pg_stat_wal); ProbeRedis, a Redis URL, runs a
+	// PING probe. Each runs at ProbeRate a second (default 200).
+	ProbePostgres string
+	ProbeRedis    string
+	ProbeRate     float64
+
 	Out  io.Writer // live line and notes (nil: discarded)
 	Live LiveMode
 
@@ -148,6 +157,9 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() {
+	if c.ProbeRate == 0 {
+		c.ProbeRate = 200
+	}
 	if c.Duration == 0 {
 		c.Duration = 10 * time.Second
 	}
@@ -254,8 +266,8 @@ func (c *Config) Validate() error {
 	if c.Warmup < 0 || c.Warmup > time.Minute {
 		bad("warmup must be at most 1m")
 	}
-	if c.Warmup > 0 && !slices.Contains([]string{"direct", "group", "large"}, c.Scenario) {
-		bad("warmup applies to direct, group and large")
+	if c.Warmup > 0 && !sendScenarios[c.Scenario] {
+		bad("warmup applies to direct, group, large and mixed")
 	}
 	if c.Drain < 0 || c.Drain > time.Minute {
 		bad("drain must be at most 1m")
@@ -298,6 +310,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Scenario == "storm" && (c.Size > c.Devices || c.ConvsPer < 1 || c.ConvsPer > maxSnapshotConvs || c.Msgs < 0 || c.Msgs > 1000) {
 		bad("storm: size at most devices, convs 1 to %d, msgs 0 to 1000", maxSnapshotConvs)
+	}
+	if (c.ProbePostgres != "" || c.ProbeRedis != "") && !(c.ProbeRate > 0 && c.ProbeRate <= 10000) {
+		bad("probe rate must be in (0, 10000]")
 	}
 	if c.MetricsURL != "" {
 		if u, err := url.Parse(c.MetricsURL); err != nil || u.Host == "" {
@@ -381,6 +396,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	r := newRunner(cfg)
 	defer r.close()
+	var err error
+	if r.probes, err = connectProbes(ctx, cfg); err != nil {
+		return nil, err
+	}
 	if err := scenarios[cfg.Scenario](ctx, r); err != nil {
 		return nil, err
 	}
@@ -423,6 +442,7 @@ type runner struct {
 	fdLimit     int64
 	notes       []string
 	mix         *mixState // scenario mixed: reads and multi-device figures; set before connecting
+	probes      *probes   // Config.ProbePostgres, ProbeRedis (nil: none); set before the scenario runs
 
 	mu    sync.Mutex // guards conns
 	conns []*Conn
@@ -472,6 +492,7 @@ func (r *runner) close() {
 	}
 	close(r.stop)
 	r.cancel()
+	r.probes.stopLoops()
 	r.mu.Lock()
 	conns := r.conns
 	r.mu.Unlock()
@@ -479,6 +500,7 @@ func (r *runner) close() {
 		c.close()
 	}
 	r.wg.Wait()
+	r.probes.close()
 }
 
 // clock gives unix nanoseconds from the monotonic clock: immune to wall

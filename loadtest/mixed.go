@@ -533,10 +533,10 @@ func runMixed(ctx context.Context, r *runner) error {
 // finishMixed fills the mixed report's read and multi-device figures
 // (called by finish, after the drain).
 func (r *runner) finishMixed(window float64) {
-	m, mr := r.mix, r.report.Mixed
-	mr.ReadsScheduled, mr.Reads, mr.ReadOK = m.scheduled.Load(), m.reads.Load(), m.readsOK.Load()
-	mr.ReadShort, mr.ReadChanged = m.short.Load(), m.changed.Load()
-	mr.SiblingOwed, mr.SiblingPushed = m.siblingOwed.Load(), m.siblingPushed.Load()
+	m, mr, w := r.mix, r.report.Mixed, r.warm
+	mr.ReadsScheduled, mr.Reads, mr.ReadOK = m.scheduled.Load()-w.readsScheduled, m.reads.Load()-w.reads, m.readsOK.Load()-w.readsOK
+	mr.ReadShort, mr.ReadChanged = m.short.Load()-w.readShort, m.changed.Load()-w.readChanged
+	mr.SiblingOwed, mr.SiblingPushed = m.siblingOwed.Load()-w.siblingOwed, m.siblingPushed.Load()-w.siblingPushed
 	if window > 0 {
 		mr.ReadsPerS = round3(float64(mr.ReadOK) / window)
 	}

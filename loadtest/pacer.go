@@ -14,6 +14,7 @@ func (r *runner) load(ctx context.Context, fire func(k, intended int64)) {
 	if r.series == nil {
 		r.series = []series{{"send_ok", r.sendOK}, {"push", r.push}}
 	}
+	r.probes.start(r)
 	_, stopSampler := r.startSampler(time.Second)
 	r.acking.Store(r.cfg.AckDelay > 0)
 	keepDone := make(chan struct{})
@@ -28,6 +29,7 @@ func (r *runner) load(ctx context.Context, fire func(k, intended int64)) {
 	if r.cfg.Warmup > 0 {
 		r.warmup(ctx, fire)
 	}
+	wal0, walOK := r.probes.readWAL(ctx)
 	cpu0 := r.sampleCPU()
 	self0 := selfCPU()
 	mach0, machErr := machineCPU()
@@ -44,13 +46,18 @@ func (r *runner) load(ctx context.Context, fire func(k, intended int64)) {
 	cpu1 := r.sampleCPU()
 	self1 := selfCPU()
 	mach1, _ := machineCPU()
+	wal1, walOK1 := r.probes.readWAL(ctx)
 	stopSampler()
+	r.probes.stopLoops()
 	r.verifyLost(ctx)
 	cpu := cpuDelta(cpu0, cpu1)
 	if machErr == nil {
 		cpu["machine"] = mach1 - mach0
 	}
 	r.finish(start, end, drainEnd, cpu, self1-self0)
+	if walOK && walOK1 {
+		r.report.WAL = walUse(wal0, wal1, r.report.Confirmed)
+	}
 }
 
 // pace calls fire for k = k0, k0+1, … k0+n-1 (n = rate × d) at the
@@ -87,6 +94,8 @@ func (r *runner) sendsIn(d time.Duration) int64 { return int64(r.cfg.Rate * d.Se
 // warmCounts are the run's counts when the warm-up ended.
 type warmCounts struct {
 	sends, sent, confirmed, delivered, synced, syncs, acks, hints int64
+	// Scenario mixed.
+	readsScheduled, reads, readsOK, readShort, readChanged, siblingOwed, siblingPushed int64
 }
 
 // warmup sends for Config.Warmup as the window will (so the server's
@@ -104,6 +113,14 @@ func (r *runner) warmup(ctx context.Context, fire func(k, intended int64)) {
 	t := r.tracker
 	r.warm = warmCounts{sends: r.sendsIn(r.cfg.Warmup), sent: r.sent.Load(), confirmed: t.confirmed.Load(),
 		delivered: t.delivered.Load(), synced: t.synced.Load(), syncs: r.syncs.Load(), acks: r.acks.Load(), hints: r.hints.Load()}
+	if m := r.mix; m != nil {
+		// fire (on this goroutine) counts the sends of each kind.
+		r.report.Mixed.DirectSends, r.report.Mixed.GroupSends = 0, 0
+		m.readOK.Reset()
+		r.warm.readsScheduled, r.warm.reads, r.warm.readsOK = m.scheduled.Load(), m.reads.Load(), m.readsOK.Load()
+		r.warm.readShort, r.warm.readChanged = m.short.Load(), m.changed.Load()
+		r.warm.siblingOwed, r.warm.siblingPushed = m.siblingOwed.Load(), m.siblingPushed.Load()
+	}
 }
 
 // drain waits up to cfg.Drain for every reply and every owed push (and,

@@ -72,6 +72,9 @@ type Report struct {
 	ReadOKMs  *Summary `json:"read_ok_ms,omitempty"`
 	ReadsPerS *float64 `json:"reads_per_s,omitempty"`
 
+	// WAL is what PostgreSQL wrote during the window (with a commit probe).
+	WAL *WALUse `json:"wal,omitempty"`
+
 	ServerCPUUsPerSend     *float64 `json:"server_cpu_us_per_send"` // null without -server-pid
 	ServerCPUUsPerDelivery *float64 `json:"server_cpu_us_per_delivery"`
 	ClientCPUUsPerSend     *float64 `json:"client_cpu_us_per_send"`
@@ -194,9 +197,22 @@ func (rep *Report) WriteTable(w io.Writer) {
 		fmt.Fprintf(w, "fan-out stream backlog: peak %d jobs (parley_fanout_backlog, sampled each second)\n", *rep.FanoutBacklogPeak)
 	}
 	rep.writeCPU(w)
+	if wal := rep.WAL; wal != nil {
+		per := ""
+		if wal.BytesPerSend != nil {
+			per = fmt.Sprintf("  %.0f B and %.2f records per send", *wal.BytesPerSend, *wal.RecordsPerSend)
+		}
+		fmt.Fprintf(w, "wal %d B, %d records, %d full-page images (pg_stat_wal, the whole cluster, probe included)%s\n",
+			wal.Bytes, wal.Records, wal.FPI, per)
+	}
 	rows := []latRow{{"send_ok_ms", rep.SendOKMs}, {"push_ms", rep.PushMs}}
 	if rep.ReadOKMs != nil && rep.ReadOKMs.Count > 0 {
 		rows = append(rows, latRow{"read_ok_ms", *rep.ReadOKMs})
+	}
+	for _, probe := range []string{"pg_commit", "redis_ping"} {
+		if sum, ok := rep.Latency[probe]; ok {
+			rows = append(rows, latRow{probe + "_ms", sum})
+		}
 	}
 	writeLatency(w, append(rows, latRow{"schedule_lag_ms", rep.ScheduleLagMs}, latRow{"connect_ms", rep.ConnectMs})...)
 	rep.writeNotes(w)

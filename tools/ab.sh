@@ -53,6 +53,8 @@ pgpid=$(head -1 /var/run/postgresql/*-main.pid 2>/dev/null || true)
 rdpid=$(pgrep -o redis-server || true)
 cpu="redis=$rdpid"
 [ -n "$pgpid" ] && cpu="postgres=$pgpid,$cpu"
+# The commit and PING probes run beside every run (docs/loadtest.md).
+probes="-probe-postgres $base -probe-redis ${PARLEY_TEST_REDIS_URL:-redis://127.0.0.1:6379/0}"
 pin_backends() { # pin_backends CPUS: the postmaster, its children and Redis
   [ -n "$pgpid" ] || return 0
   taskset -pc "$1" "$pgpid" > /dev/null
@@ -88,7 +90,7 @@ run() { # run SIDE N
   for _ in $(seq 100); do grep -q "parleyd ready" "$OUT/${side}_$n.log" && break; sleep 0.1; done
   # shellcheck disable=SC2086
   taskset -c 1 "$OUT/parley-load" $LOAD -addr 127.0.0.1:$port -admin http://127.0.0.1:$((port + 1)) -token ab \
-    -server-pid "$pid" -cpu "$cpu" -json "$OUT/${side}_$n.json" > "$OUT/${side}_$n.txt" 2>&1 || true
+    -server-pid "$pid" -cpu "$cpu" $probes -json "$OUT/${side}_$n.json" > "$OUT/${side}_$n.txt" 2>&1 || true
   cleanup
   if [ "$ONECORE" = 1 ]; then pin_backends 0; fi
   echo "$side run $n: $(tail -3 "$OUT/${side}_$n.txt" | head -1)"

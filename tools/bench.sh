@@ -1,17 +1,26 @@
 #!/usr/bin/env bash
 # The standard benchmark suite behind `make bench`: reference ceilings
-# (Redis INCR, PostgreSQL inserts), the codec, and durable 1:1 sends with
-# parley-load at a few rates, RUNS times each; then BENCHMARKS.md.
-# Bounded: about (rates × RUNS × (16 s + WARMUP)) + 1 minute. Loopback only.
+# (Redis INCR, PostgreSQL inserts), the codec, and parley-load: durable 1:1
+# sends at a few rates, with many conversations, on the one-core budget,
+# and the realistic mix; RUNS times each, with the commit and PING probes
+# beside every run; then BENCHMARKS.md. Bounded: about 10 minutes with the
+# defaults. Loopback only.
 #
-# Environment: RATES (default "5000 10000 20000"), RUNS (default 3),
-# WARMUP (default 3s: each run first sends at its rate this long, left out
-# of its figures), OUT (default BENCHMARKS.md).
+# Environment: RATES (direct, default "5000 10000 20000"), PAIRS (the
+# many-conversations rows at 5,000/s, default "1000 5000"), ONECORE_RATES
+# (default "10000 16000"), MIXED_RATES (default "2000 5000"), RUNS
+# (default 3), WARMUP (default 3s: each run first sends at its rate this
+# long, left out of its figures), SECTIONS (default "direct pairs onecore
+# mixed"), OUT (default BENCHMARKS.md).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 RATES=${RATES:-"5000 10000 20000"}
+PAIRS=${PAIRS:-"1000 5000"}
+ONECORE_RATES=${ONECORE_RATES:-"10000 16000"}
+MIXED_RATES=${MIXED_RATES:-"2000 5000"}
 RUNS=${RUNS:-3}
 WARMUP=${WARMUP:-3s}
+SECTIONS=${SECTIONS:-"direct pairs onecore mixed"}
 OUT=${OUT:-BENCHMARKS.md}
 res=$(mktemp -d /tmp/parley-bench.XXXXXX)
 bin=$res/bin
@@ -39,62 +48,125 @@ go test -run '^$' -bench InsertCeiling -benchtime 2s -count 3 ./store/ > "$res/p
 echo "== codec"
 go test -run '^$' -bench . -benchtime 1s -count 3 ./wire/ > "$res/codec.txt" 2>&1
 
-echo "== parley-load direct"
-# A fresh database for the server, so runs do not slow down as earlier
-# runs' rows pile up; dropped at the end.
 base=${PARLEY_TEST_POSTGRES_URL:-postgres://parley:parley@127.0.0.1:5432/parley?sslmode=disable}
-db="parley_bench_$(date +%s)"
-psql -q "$base" -c "CREATE DATABASE $db"
-dburl="${base%%\?*}"
-dburl="${dburl%/*}/$db?sslmode=disable"
-port=$((20000 + RANDOM % 12000))
-admin=$((port + 1))
-prefix="bench$RANDOM:"
-PARLEY_POSTGRES_URL=$dburl PARLEY_REDIS_PREFIX=$prefix PARLEY_ADMIN_TOKEN=bench PARLEY_SEND_RATE=0 PARLEY_METRICS_LISTEN= \
-  PARLEY_LISTEN=127.0.0.1:$port PARLEY_ADMIN_LISTEN=127.0.0.1:$admin \
-  taskset -c 0 "$bin/parleyd" > "$res/parleyd.log" 2>&1 &
-pid=$!
-# An autovacuum worker still in the database makes the drop fail (only a
-# superuser may end it): try for a while.
-drop_db() {
-  for _ in $(seq 20); do
-    psql -q "$base" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" 2>/dev/null && return 0
-    sleep 1
-  done
-  echo "could not drop database $db" >&2
-}
-# parleyd's keys (under its own prefix) go too.
-drop_keys() {
-  redis-cli --scan --pattern "$prefix*" | xargs -r -n 1000 redis-cli del > /dev/null || true
-}
-trap 'kill $pid 2>/dev/null || true; sleep 1; drop_db; drop_keys' EXIT
-for _ in $(seq 100); do
-  grep -q "parleyd ready" "$res/parleyd.log" && break
-  sleep 0.1
-done
+redis_url=${PARLEY_TEST_REDIS_URL:-redis://127.0.0.1:6379/0}
 pgpid=$(head -1 /var/run/postgresql/*-main.pid 2>/dev/null || true)
 rdpid=$(pgrep -o redis-server || true)
 cpu="redis=$rdpid"
 [ -n "$pgpid" ] && cpu="postgres=$pgpid,$cpu"
-cmd="taskset -c 1 parley-load direct -addr 127.0.0.1:$port -admin http://127.0.0.1:$admin -token bench -rate RATE -duration 10s -warmup $WARMUP -pairs 200 -server-pid PARLEYD_PID -cpu $cpu -json FILE"
+probes="-probe-postgres $base -probe-redis $redis_url"
+
+# pin CPUS: PostgreSQL (the postmaster and its children; later backends
+# inherit its mask) and Redis on CPUS.
+pin() {
+  [ -n "$pgpid" ] && taskset -pc "$1" "$pgpid" > /dev/null
+  [ -n "$pgpid" ] && for c in $(pgrep -P "$pgpid"); do taskset -pc "$1" "$c" > /dev/null 2>&1 || true; done
+  [ -n "$rdpid" ] && taskset -pc "$1" "$rdpid" > /dev/null
+  return 0
+}
+
+# A fresh database and Redis prefix for each server, so runs do not slow
+# down as earlier runs' rows pile up; dropped when it stops.
+pid= db= prefix= port= admin=
+serve() { # serve NAME: start parleyd on core 0
+  db="parley_bench_$(date +%s)_$RANDOM"
+  psql -q "$base" -c "CREATE DATABASE $db"
+  local dburl="${base%%\?*}"
+  dburl="${dburl%/*}/$db?sslmode=disable"
+  port=$((20000 + RANDOM % 12000))
+  admin=$((port + 1))
+  prefix="bench$RANDOM:"
+  PARLEY_POSTGRES_URL=$dburl PARLEY_REDIS_PREFIX=$prefix PARLEY_ADMIN_TOKEN=bench PARLEY_SEND_RATE=0 PARLEY_METRICS_LISTEN= \
+    PARLEY_LISTEN=127.0.0.1:$port PARLEY_ADMIN_LISTEN=127.0.0.1:$admin \
+    taskset -c 0 "$bin/parleyd" > "$res/parleyd_$1.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 100); do
+    grep -q "parleyd ready" "$res/parleyd_$1.log" && break
+    sleep 0.1
+  done
+}
+# An autovacuum worker still in the database makes the drop fail (only a
+# superuser may end it): try for a while.
+unserve() {
+  [ -n "$pid" ] || return 0
+  kill "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  for _ in $(seq 20); do
+    psql -q "$base" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" 2>/dev/null && break
+    sleep 1
+  done
+  redis-cli --scan --pattern "$prefix*" | xargs -r -n 1000 redis-cli del > /dev/null || true
+  pid=
+}
+trap 'unserve; pin 0-$(($(nproc) - 1))' EXIT
+# load NAME ARGS…: one parley-load run against the running server.
+load() {
+  local name=$1
+  shift
+  echo "-- $name"
+  # shellcheck disable=SC2086
+  taskset -c 1 "$bin/parley-load" "$@" -addr 127.0.0.1:$port -admin http://127.0.0.1:$admin -token bench \
+    -server-pid $pid -cpu "$cpu" $probes -live lines -json "$res/$name.json" > "$res/$name.txt" 2>&1 || true
+  grep -E "^(sent |send_ok_ms|pg_commit_ms|wal )" "$res/$name.txt" || tail -3 "$res/$name.txt"
+}
+
+common="-body-size 100 -cpu postgres=PGPID,redis=RPID -server-pid PARLEYD_PID -probe-postgres URL -probe-redis URL -json FILE"
 {
   echo "PARLEY_POSTGRES_URL=<a fresh database> PARLEY_SEND_RATE=0 taskset -c 0 parleyd   # per-device rate limit off; default config otherwise"
-  echo "$cmd"
 } > "$res/commands.txt"
-for rate in $RATES; do
-  for run in $(seq "$RUNS"); do
-    echo "-- rate $rate run $run"
-    taskset -c 1 "$bin/parley-load" direct -addr 127.0.0.1:$port -admin http://127.0.0.1:$admin -token bench \
-      -rate "$rate" -duration 10s -warmup "$WARMUP" -pairs 200 -server-pid $pid -cpu "$cpu" -live lines \
-      -json "$res/direct_${rate}_${run}.json" > "$res/direct_${rate}_${run}.txt" 2>&1 || true
-    tail -3 "$res/direct_${rate}_${run}.txt" | head -1
-  done
+
+for section in $SECTIONS; do
+  case $section in
+  direct)
+    echo "== parley-load direct"
+    serve direct
+    for rate in $RATES; do
+      for run in $(seq "$RUNS"); do
+        load "direct_${rate}_${run}" direct -rate "$rate" -duration 10s -warmup "$WARMUP" -pairs 200
+      done
+    done
+    unserve
+    echo "taskset -c 1 parley-load direct -rate RATE -duration 10s -warmup $WARMUP -pairs 200 $common   # one server, all rates" >> "$res/commands.txt"
+    ;;
+  pairs)
+    echo "== parley-load direct, many conversations"
+    for pairs in $PAIRS; do
+      serve "pairs_$pairs"
+      for run in $(seq "$RUNS"); do
+        load "pairs_${pairs}_${run}" direct -rate 5000 -duration 10s -pairs "$pairs"
+      done
+      unserve
+    done
+    echo "taskset -c 1 parley-load direct -rate 5000 -duration 10s -pairs PAIRS $common   # a fresh server per pair count" >> "$res/commands.txt"
+    ;;
+  onecore)
+    echo "== parley-load direct, one-core budget"
+    pin 0
+    for rate in $ONECORE_RATES; do
+      serve "onecore_$rate"
+      for run in $(seq "$RUNS"); do
+        load "onecore_${rate}_${run}" direct -rate "$rate" -duration 10s -warmup "$WARMUP" -pairs 200
+      done
+      unserve
+    done
+    pin "0-$(($(nproc) - 1))"
+    echo "taskset -pc 0 POSTMASTER (and its children), taskset -pc 0 REDIS; taskset -c 1 parley-load direct -rate RATE -duration 10s -warmup $WARMUP -pairs 200 $common   # a fresh server per rate" >> "$res/commands.txt"
+    ;;
+  mixed)
+    echo "== parley-load mixed"
+    for rate in $MIXED_RATES; do
+      serve "mixed_$rate"
+      for run in $(seq "$RUNS"); do
+        load "mixed_${rate}_${run}" mixed -rate "$rate" -duration 20s -warmup "$WARMUP"
+      done
+      unserve
+    done
+    echo "taskset -c 1 parley-load mixed -rate RATE -duration 20s -warmup $WARMUP $common   # a fresh server per rate" >> "$res/commands.txt"
+    ;;
+  esac
 done
-kill $pid
-wait $pid 2>/dev/null || true
-drop_db
-drop_keys
 trap - EXIT
+pin "0-$(($(nproc) - 1))"
 
 cp tools/bench-extra.md "$res/extra.md"
 go run ./tools/benchmd -dir "$res" > "$OUT"

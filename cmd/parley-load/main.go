@@ -49,7 +49,7 @@ func run(args []string) int {
 	fs.StringVar(&cfg.AdminToken, "token", "", "admin `token` (default: $PARLEY_ADMIN_TOKEN)")
 	fs.Float64Var(&cfg.Rate, "rate", 0, "target sends per second, `N`, aggregate over all senders (required by direct, group, large, mixed)")
 	fs.DurationVar(&cfg.Duration, "duration", 10*time.Second, "send window; idle: how long to hold the connections (at most 10m)")
-	fs.DurationVar(&cfg.Warmup, "warmup", 0, "direct, group, large: send at -rate this long first and leave it out of latencies, rates and CPU (lost and duplicated still count it)")
+	fs.DurationVar(&cfg.Warmup, "warmup", 0, "direct, group, large, mixed: send at -rate this long first and leave it out of latencies, rates and CPU (lost and duplicated still count it)")
 	fs.DurationVar(&cfg.Drain, "drain", 3*time.Second, "after the window, wait this long at most for replies and pushes")
 	jsonFile := fs.String("json", "", "write the report as JSON to `FILE`")
 	cpuProfile := fs.String("cpuprofile", "", "write the tool's own CPU profile (go tool pprof) to `FILE`")
@@ -63,6 +63,9 @@ func run(args []string) int {
 	fs.Int64Var(&cfg.MaxInflight, "max-inflight", loadtest.DefaultMaxInflight, "at most this many sends awaiting a reply; more count as CLIENT_BACKLOG")
 	fs.StringVar(&cfg.Prefix, "prefix", "", "id prefix of this run's users, devices and conversations (default: fresh)")
 	live := fs.String("live", "auto", "progress line: auto, tty, lines or off")
+	fs.StringVar(&cfg.ProbePostgres, "probe-postgres", "", "run a bare commit probe against this PostgreSQL `URL` (one-row insert per transaction into its own table) and report the WAL written per send (pg_stat_wal)")
+	fs.StringVar(&cfg.ProbeRedis, "probe-redis", "", "run a PING probe against this Redis `URL`")
+	fs.Float64Var(&cfg.ProbeRate, "probe-rate", 200, "probes per second, each")
 	// Scenario direct.
 	fs.IntVar(&cfg.Pairs, "pairs", 100, "direct: pairs of users (one device each, both send)")
 	fs.IntVar(&cfg.BodySize, "body-size", 100, "message body `bytes` (the first 8 carry the send time)")

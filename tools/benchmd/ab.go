@@ -24,11 +24,24 @@ func abTable(dir string) error {
 		{"p99", func(r report) float64 { return r.SendOK.P99 }},
 		{"p99.9", func(r report) float64 { return r.SendOK.P999 }},
 		{"push p99 ms", func(r report) float64 { return r.Push.P99 }},
-		{"parleyd µs/send", cpuPerSend("server")},
-		{"postgres µs/send", cpuPerSend("postgres")},
-		{"redis µs/send", cpuPerSend("redis")},
+		{"read_ok p99 ms", func(r report) float64 {
+			if r.ReadOK == nil {
+				return 0
+			}
+			return r.ReadOK.P99
+		}},
+		{"pg probe p99 ms", func(r report) float64 { return r.Latency["pg_commit"].P99 }},
+		{"parleyd µs/send", cpuOf("server")},
+		{"postgres µs/send", cpuOf("postgres")},
+		{"redis µs/send", cpuOf("redis")},
 		{"all-in µs/send", func(r report) float64 {
-			return cpuPerSend("server")(r) + cpuPerSend("postgres")(r) + cpuPerSend("redis")(r)
+			return cpuOf("server")(r) + cpuOf("postgres")(r) + cpuOf("redis")(r)
+		}},
+		{"WAL B/send", func(r report) float64 {
+			if r.WAL == nil {
+				return 0
+			}
+			return r.WAL.BytesPerSend
 		}},
 		{"lost", func(r report) float64 { return float64(r.Lost) }},
 		{"dup", func(r report) float64 { return float64(r.Duplicated) }},
@@ -78,16 +91,4 @@ func abTable(dir string) error {
 		fmt.Println(row)
 	}
 	return nil
-}
-
-// cpuPerSend is the CPU per confirmed send of the named process.
-func cpuPerSend(name string) func(report) float64 {
-	return func(r report) float64 {
-		for _, c := range r.CPU {
-			if c.Name == name {
-				return c.UsPerSend
-			}
-		}
-		return 0
-	}
 }

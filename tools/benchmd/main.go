@@ -29,6 +29,7 @@ type cpu struct {
 
 type report struct {
 	TargetRate     float64        `json:"target_rate"`
+	Pairs          int            `json:"pairs"`
 	ConfirmedPerS  float64        `json:"confirmed_per_s"`
 	DeliveriesPerS float64        `json:"deliveries_per_s"`
 	Lost           int64          `json:"lost"`
@@ -36,7 +37,12 @@ type report struct {
 	Errors         map[string]int `json:"errors"`
 	SendOK         lat            `json:"send_ok_ms"`
 	Push           lat            `json:"push_ms"`
-	CPU            []cpu          `json:"cpu"`
+	ReadOK         *lat           `json:"read_ok_ms"`
+	Latency        map[string]lat `json:"latency_ms"` // the probes: pg_commit, redis_ping
+	WAL            *struct {
+		BytesPerSend float64 `json:"bytes_per_send"`
+	} `json:"wal"`
+	CPU []cpu `json:"cpu"`
 }
 
 func (l *lat) UnmarshalJSON(b []byte) error {
@@ -114,58 +120,12 @@ func main() {
 	fmt.Println()
 	fmt.Println("200 pairs (400 connections), 100-byte bodies, every device acks 50 ms after the first event it has not acked (as `client` AutoAck does), 10 s per run,")
 	fmt.Println("each after a warm-up at the same rate (`-warmup`, left out of the figures; all runs on one server, in the order of the table).")
-	fmt.Println("`send_ok` is send → send_ok (committed in PostgreSQL); `push` is send → push at the receiver.")
-	fmt.Println("CPU is per confirmed send.")
+	fmt.Println("`send_ok` is send → send_ok (committed in PostgreSQL); `push` is send → push at the receiver; `pg probe` is a bare one-row")
+	fmt.Println("commit run beside the load (`-probe-postgres`, 200/s): what the host's storage gave any commit meanwhile. CPU and WAL are per confirmed send.")
 	fmt.Println()
-	fmt.Println("| target/s | confirmed/s | send_ok p50 | send_ok p99 | push p50 | push p99 | parleyd µs/send | PostgreSQL µs/send | Redis µs/send | machine cores | lost | dup | runs |")
-	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-	files, _ := filepath.Glob(filepath.Join(*dir, "direct_*.json"))
-	byRate := map[int][]report{}
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			continue
-		}
-		var r report
-		if json.Unmarshal(b, &r) == nil {
-			byRate[int(r.TargetRate)] = append(byRate[int(r.TargetRate)], r)
-		}
-	}
-	var rates []int
-	for r := range byRate {
-		rates = append(rates, r)
-	}
-	sort.Ints(rates)
-	for _, rate := range rates {
-		rs := byRate[rate]
-		col := func(f func(report) float64) string { return medianRange(rs, f) }
-		cpuOf := func(name string) func(report) float64 {
-			return func(r report) float64 {
-				for _, c := range r.CPU {
-					if c.Name == name {
-						if name == "machine" {
-							return c.Cores
-						}
-						return c.UsPerSend
-					}
-				}
-				return 0
-			}
-		}
-		var lost, dup int64
-		for _, r := range rs {
-			lost += r.Lost
-			dup += r.Duplicated
-		}
-		fmt.Printf("| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %d | %d | %d |\n", rate,
-			col(func(r report) float64 { return r.ConfirmedPerS }),
-			col(func(r report) float64 { return r.SendOK.P50 }), col(func(r report) float64 { return r.SendOK.P99 }),
-			col(func(r report) float64 { return r.Push.P50 }), col(func(r report) float64 { return r.Push.P99 }),
-			col(cpuOf("server")), col(cpuOf("postgres")), col(cpuOf("redis")), col(cpuOf("machine")), lost, dup, len(rs))
-	}
-	fmt.Println()
+	rates := loadTable(*dir, "direct_*.json", "target/s", func(r report) int { return int(r.TargetRate) })
 	if len(rates) > 0 {
-		top := byRate[rates[len(rates)-1]]
+		top := rates[len(rates)-1]
 		best := 0.0
 		for _, r := range top {
 			best = max(best, r.ConfirmedPerS)
@@ -177,6 +137,30 @@ func main() {
 				"and %.0f%% of unpipelined Redis INCR, measured above in the same run.\n\n", best, 100*best/pg100, 100*best/incr)
 		}
 	}
+	if files, _ := filepath.Glob(filepath.Join(*dir, "pairs_*.json")); len(files) > 0 {
+		fmt.Println("### Many conversations")
+		fmt.Println()
+		fmt.Println("`direct` at 5,000 sends/s with more pairs (each pair is a conversation), a fresh server for each count, no warm-up:")
+		fmt.Println("what costs in proportion to the active conversations shows here.")
+		fmt.Println()
+		loadTable(*dir, "pairs_*.json", "pairs", func(r report) int { return r.Pairs })
+	}
+	if files, _ := filepath.Glob(filepath.Join(*dir, "onecore_*.json")); len(files) > 0 {
+		fmt.Println("### One-core budget")
+		fmt.Println()
+		fmt.Println("`direct`, 200 pairs, with parleyd, its Redis and the PostgreSQL postmaster with its backends all on core 0 (the load tool on core 1),")
+		fmt.Println("a fresh server, warm-up first: how Parley compares with servers that are measured on one core.")
+		fmt.Println()
+		loadTable(*dir, "onecore_*.json", "target/s", func(r report) int { return int(r.TargetRate) })
+	}
+	if files, _ := filepath.Glob(filepath.Join(*dir, "mixed_*.json")); len(files) > 0 {
+		fmt.Println("## The realistic mix (`parley-load mixed`)")
+		fmt.Println()
+		fmt.Println("1,000 users with 1.6 devices each on average (1,600 connections), 4 direct conversations per user and 50 groups of 20;")
+		fmt.Println("30% of pushes are read a second later; devices ack as `client` AutoAck does. 20 s per run after a 3 s warm-up, a fresh server each rate.")
+		fmt.Println()
+		loadTable(*dir, "mixed_*.json", "target/s", func(r report) int { return int(r.TargetRate) })
+	}
 	fmt.Println("Latencies in ms. Commands:")
 	fmt.Println()
 	fmt.Println("```")
@@ -185,6 +169,93 @@ func main() {
 	if extra := read("extra.md"); extra != "" {
 		fmt.Println()
 		fmt.Println(extra)
+	}
+}
+
+// loadTable prints one table of parley-load runs (the JSON reports
+// matching pattern in dir), a row per key (a rate, a pair count), each
+// cell the median of the row's runs with their range; it returns the
+// rows' runs in key order.
+func loadTable(dir, pattern, keyName string, key func(report) int) [][]report {
+	files, _ := filepath.Glob(filepath.Join(dir, pattern))
+	byKey := map[int][]report{}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		var r report
+		if json.Unmarshal(b, &r) == nil {
+			byKey[key(r)] = append(byKey[key(r)], r)
+		}
+	}
+	var keys []int
+	for k := range byKey {
+		keys = append(keys, k)
+	}
+	sort.Ints(keys)
+	reads := false
+	for _, rs := range byKey {
+		for _, r := range rs {
+			reads = reads || r.ReadOK != nil
+		}
+	}
+	head := "| " + keyName + " | confirmed/s | send_ok p50 | send_ok p99 | push p99 |"
+	if reads {
+		head += " read_ok p99 |"
+	}
+	head += " pg probe p99 | parleyd µs/send | PostgreSQL µs/send | Redis µs/send | machine cores | WAL B/send | lost | dup | runs |"
+	fmt.Println(head)
+	fmt.Println("|" + strings.Repeat("---|", strings.Count(head, "|")-1))
+	var out [][]report
+	for _, k := range keys {
+		rs := byKey[k]
+		out = append(out, rs)
+		col := func(f func(report) float64) string { return medianRange(rs, f) }
+		var lost, dup int64
+		for _, r := range rs {
+			lost += r.Lost
+			dup += r.Duplicated
+		}
+		row := fmt.Sprintf("| %d | %s | %s | %s | %s |", k, col(func(r report) float64 { return r.ConfirmedPerS }),
+			col(func(r report) float64 { return r.SendOK.P50 }), col(func(r report) float64 { return r.SendOK.P99 }),
+			col(func(r report) float64 { return r.Push.P99 }))
+		if reads {
+			row += " " + col(func(r report) float64 {
+				if r.ReadOK == nil {
+					return 0
+				}
+				return r.ReadOK.P99
+			}) + " |"
+		}
+		row += fmt.Sprintf(" %s | %s | %s | %s | %s | %s | %d | %d | %d |",
+			col(func(r report) float64 { return r.Latency["pg_commit"].P99 }),
+			col(cpuOf("server")), col(cpuOf("postgres")), col(cpuOf("redis")), col(cpuOf("machine")),
+			col(func(r report) float64 {
+				if r.WAL == nil {
+					return 0
+				}
+				return r.WAL.BytesPerSend
+			}), lost, dup, len(rs))
+		fmt.Println(row)
+	}
+	fmt.Println()
+	return out
+}
+
+// cpuOf is the named process's CPU per confirmed send ("machine": the
+// cores the whole machine used).
+func cpuOf(name string) func(report) float64 {
+	return func(r report) float64 {
+		for _, c := range r.CPU {
+			if c.Name == name {
+				if name == "machine" {
+					return c.Cores
+				}
+				return c.UsPerSend
+			}
+		}
+		return 0
 	}
 }
 
