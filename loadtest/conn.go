@@ -362,10 +362,12 @@ func (c *Conn) syncHinted(ctx context.Context) {
 			continue
 		}
 		after := ref.track.cursorOf(ref.i)
+		failed := false
 		for pages := 0; after < head && pages < 100; pages++ {
 			m, err := c.c.Sync(ctx, conv, after, 1000)
 			if err != nil {
 				c.r.errs.Add("SYNC_"+errCode(err), 1)
+				failed = true
 				break
 			}
 			c.r.syncs.Add(1)
@@ -380,8 +382,24 @@ func (c *Conn) syncHinted(ctx context.Context) {
 			}
 			after = m.Upto
 		}
+		if !failed && after < head {
+			// The page stopped below the hint's head at a seq still in
+			// flight (a loaded server commits late): sync again shortly,
+			// as a client does, until the run ends.
+			c.r.goroutine(func() {
+				select {
+				case <-c.r.stop:
+				case <-time.After(hintRetry):
+					c.hinted(conv, head)
+				}
+			})
+		}
 	}
 }
+
+// hintRetry is how long the tool waits before syncing a hinted
+// conversation again when the sync stopped below the hint's head.
+const hintRetry = 50 * time.Millisecond
 
 // ridString formats a pipe-mode rid: "." + base 36. client.Conn's own rids
 // are plain base 36, so the two never collide.
