@@ -110,6 +110,20 @@ load() {
   grep -E "^(sent |send_ok_ms|pg_commit_ms|wal )" "$res/$name.txt" || tail -3 "$res/$name.txt"
 }
 
+# each NAME KEYS ARGS…: for each key of KEYS, a fresh server and RUNS
+# runs of parley-load ARGS, "{}" in them replaced by the key.
+each() {
+  local name=$1 keys=$2
+  shift 2
+  for key in $keys; do
+    serve "${name}_$key"
+    for run in $(seq "$RUNS"); do
+      load "${name}_${key}_${run}" "${@//\{\}/$key}"
+    done
+    unserve
+  done
+}
+
 common="-body-size 100 -cpu postgres=PGPID,redis=RPID -server-pid PARLEYD_PID -probe-postgres URL -probe-redis URL -json FILE"
 {
   echo "PARLEY_POSTGRES_URL=<a fresh database> PARLEY_SEND_RATE=0 taskset -c 0 parleyd   # per-device rate limit off; default config otherwise"
@@ -130,37 +144,19 @@ for section in $SECTIONS; do
     ;;
   pairs)
     echo "== parley-load direct, many conversations"
-    for pairs in $PAIRS; do
-      serve "pairs_$pairs"
-      for run in $(seq "$RUNS"); do
-        load "pairs_${pairs}_${run}" direct -rate 5000 -duration 10s -pairs "$pairs"
-      done
-      unserve
-    done
+    each pairs "$PAIRS" direct -rate 5000 -duration 10s -pairs {}
     echo "taskset -c 1 parley-load direct -rate 5000 -duration 10s -pairs PAIRS $common   # a fresh server per pair count" >> "$res/commands.txt"
     ;;
   onecore)
     echo "== parley-load direct, one-core budget"
     pin 0
-    for rate in $ONECORE_RATES; do
-      serve "onecore_$rate"
-      for run in $(seq "$RUNS"); do
-        load "onecore_${rate}_${run}" direct -rate "$rate" -duration 10s -warmup "$WARMUP" -pairs 200
-      done
-      unserve
-    done
+    each onecore "$ONECORE_RATES" direct -rate {} -duration 10s -warmup "$WARMUP" -pairs 200
     pin "0-$(($(nproc) - 1))"
     echo "taskset -pc 0 POSTMASTER (and its children), taskset -pc 0 REDIS; taskset -c 1 parley-load direct -rate RATE -duration 10s -warmup $WARMUP -pairs 200 $common   # a fresh server per rate" >> "$res/commands.txt"
     ;;
   mixed)
     echo "== parley-load mixed"
-    for rate in $MIXED_RATES; do
-      serve "mixed_$rate"
-      for run in $(seq "$RUNS"); do
-        load "mixed_${rate}_${run}" mixed -rate "$rate" -duration 20s -warmup "$WARMUP"
-      done
-      unserve
-    done
+    each mixed "$MIXED_RATES" mixed -rate {} -duration 20s -warmup "$WARMUP"
     echo "taskset -c 1 parley-load mixed -rate RATE -duration 20s -warmup $WARMUP $common   # a fresh server per rate" >> "$res/commands.txt"
     ;;
   esac
