@@ -84,10 +84,10 @@ type Fanout struct {
 	wg      sync.WaitGroup
 
 	// Conversations with commits whose dense_seq watermark has not been
-	// advanced yet; advanceLoop does it once a second (a lagging
-	// watermark only makes unread counting read a few more index entries).
+	// advanced yet, with how many and since when; advanceLoop advances
+	// those with enough of them, or old enough (see advance).
 	dmu   sync.Mutex
-	dirty map[string]bool
+	dirty map[string]*pendingDense
 	stop  chan struct{}
 	// advancePhase: where in each second advanceLoop runs (package
 	// periodic), away from the gateway's held-ack flushes.
@@ -114,7 +114,7 @@ func New(st *store.Store, routes *route.Table, bus *Bus, rows *Rows, writeMax, o
 	}
 	f := &Fanout{st: st, routes: routes, bus: bus, rows: rows, writeMax: writeMax, onlineMax: onlineMax, log: log,
 		metrics: newFanoutMetrics(reg), advancePhase: ackFlush.Seconds() / 2,
-		dirty: map[string]bool{}, stop: make(chan struct{}), notes: make(chan userFrame, 4096)}
+		dirty: map[string]*pendingDense{}, stop: make(chan struct{}), notes: make(chan userFrame, 4096)}
 	for range workers {
 		f.queues = append(f.queues, make(chan []eventlog.Committed, 4096/workers+1))
 	}
@@ -169,10 +169,36 @@ func (f *Fanout) Close() {
 	f.wg.Wait()
 }
 
+// pendingDense is what a conversation committed above its dense_seq
+// watermark since the last advance: how many events, and since when.
+type pendingDense struct {
+	n     int
+	since time.Time
+}
+
+// A conversation's watermark is advanced once it has denseBatch events
+// above it, or its oldest is denseMaxAge old. Every advance of a
+// conversation writes its conversations row and its senders' bucket rows
+// (WAL, dead tuples), whatever the number of events it passes: advancing
+// every second a conversation that gets one message a second wrote about
+// 300 bytes of WAL per message. Below the watermark unread counting is a
+// subtraction; above it, the events are counted one by one, which stays
+// cheap for this many.
+const (
+	denseBatch  = 64
+	denseMaxAge = 10 * time.Second
+)
+
 func (f *Fanout) markDirty(evs []eventlog.Committed) {
+	now := time.Now()
 	f.dmu.Lock()
 	for _, e := range evs {
-		f.dirty[e.Conv] = true
+		p := f.dirty[e.Conv]
+		if p == nil {
+			p = &pendingDense{since: now}
+			f.dirty[e.Conv] = p
+		}
+		p.n++
 	}
 	f.dmu.Unlock()
 }
@@ -182,18 +208,23 @@ func (f *Fanout) markDirty(evs []eventlog.Committed) {
 // at once, inserts committing then took up to 20 ms.
 func (f *Fanout) advanceLoop() {
 	defer f.wg.Done()
-	periodic.Run(f.stop, time.Second, f.advancePhase, f.advance)
-	f.advance()
+	periodic.Run(f.stop, time.Second, f.advancePhase, func() { f.advance(false) })
+	f.advance(true)
 }
 
-// advance raises the dense_seq watermark of every dirty conversation.
-func (f *Fanout) advance() {
+// advance raises the dense_seq watermark of the dirty conversations that
+// have denseBatch events above it or have waited denseMaxAge; all of them
+// if all.
+func (f *Fanout) advance(all bool) {
+	due := time.Now().Add(-denseMaxAge)
 	f.dmu.Lock()
-	convs := make([]string, 0, len(f.dirty))
-	for c := range f.dirty {
-		convs = append(convs, c)
+	var convs []string
+	for c, p := range f.dirty {
+		if all || p.n >= denseBatch || !p.since.After(due) {
+			convs = append(convs, c)
+			delete(f.dirty, c)
+		}
 	}
-	clear(f.dirty)
 	f.dmu.Unlock()
 	for len(convs) > 0 {
 		n := min(len(convs), 500)

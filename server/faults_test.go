@@ -466,7 +466,7 @@ func (r *faultRun) checkLog(confirmed map[string]int64) (lost, dup, unconfirmed,
 		r.t.Fatalf("%s: reading the log: %v", r.name, err)
 	}
 	defer conn.Close(context.Background())
-	rows, err := conn.Query(ctx, `SELECT seq, cmid FROM events WHERE conv_id = $1 AND kind = 1`, faultConv)
+	rows, err := conn.Query(ctx, `SELECT seq, cmid FROM events WHERE conv_key = (SELECT conv_key FROM conversations WHERE conv_id = $1) AND kind = 1`, faultConv)
 	if err != nil {
 		r.t.Fatalf("%s: reading the log: %v", r.name, err)
 	}
@@ -495,7 +495,7 @@ func (r *faultRun) checkLog(confirmed map[string]int64) (lost, dup, unconfirmed,
 			unconfirmed++
 		}
 	}
-	if err := conn.QueryRow(ctx, `SELECT count(*) FROM events WHERE conv_id = $1 AND kind = 0`, faultConv).Scan(&holes); err != nil {
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM events WHERE conv_key = (SELECT conv_key FROM conversations WHERE conv_id = $1) AND kind = 0`, faultConv).Scan(&holes); err != nil {
 		r.t.Fatal(err)
 	}
 	return lost, dup, unconfirmed, holes

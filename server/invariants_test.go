@@ -231,7 +231,8 @@ func TestRacingSendersReaderByUpto(t *testing.T) {
 			t.Error(err)
 			return
 		}
-		if _, err := tx.Exec(c, `INSERT INTO events (conv_id, seq, kind, sender, cmid, body, ts) VALUES ('race', $1, 1, 's00', 'slow', 'x', $2)`,
+		if _, err := tx.Exec(c, `INSERT INTO events (conv_key, seq, kind, sender, cmid, body, ts)
+			SELECT conv_key, $1, 1, 's00', 'slow', 'x', $2 FROM conversations WHERE conv_id = 'race'`,
 			s, time.Now().UnixMilli()); err != nil {
 			t.Error(err)
 			return

@@ -14,25 +14,24 @@ import (
 
 // partitionEventsSQL turns the events table into one hash-partitioned by
 // conversation (docs/operations.md shows the same for an operator): every
-// key and index leads with conv_id, so nothing in the code changes.
+// key and index leads with conv_key, so nothing in the code changes.
 const partitionEventsSQL = `
 ALTER TABLE events RENAME TO events_plain;
-CREATE TABLE events (LIKE events_plain INCLUDING DEFAULTS INCLUDING CONSTRAINTS) PARTITION BY HASH (conv_id);
+CREATE TABLE events (LIKE events_plain INCLUDING DEFAULTS INCLUDING CONSTRAINTS) PARTITION BY HASH (conv_key);
 CREATE TABLE events_p0 PARTITION OF events FOR VALUES WITH (MODULUS 4, REMAINDER 0);
 CREATE TABLE events_p1 PARTITION OF events FOR VALUES WITH (MODULUS 4, REMAINDER 1);
 CREATE TABLE events_p2 PARTITION OF events FOR VALUES WITH (MODULUS 4, REMAINDER 2);
 CREATE TABLE events_p3 PARTITION OF events FOR VALUES WITH (MODULUS 4, REMAINDER 3);
 INSERT INTO events SELECT * FROM events_plain;
 DROP TABLE events_plain;
-ALTER TABLE events ADD PRIMARY KEY (conv_id, seq);
-CREATE UNIQUE INDEX events_by_cmid ON events (conv_id, sender, cmid) WHERE cmid IS NOT NULL;
-CREATE INDEX events_not_counted ON events (conv_id, seq) WHERE kind <> 1 OR recalled_by IS NOT NULL;
-CREATE INDEX events_by_sender ON events (conv_id, sender, seq) WHERE kind = 1 AND recalled_by IS NULL;
+ALTER TABLE events ADD PRIMARY KEY (conv_key, seq);
+CREATE UNIQUE INDEX events_by_cmid ON events (conv_key, sender, cmid) WHERE cmid IS NOT NULL;
+CREATE INDEX events_not_counted ON events (conv_key, seq) WHERE kind <> 1 OR recalled_by IS NOT NULL;
 `
 
 // TestEventsHashPartitionedByConversation runs the main paths (send with
 // dedupe, sync, ack, read, convs, recall, snapshot, leave) on a schema whose
-// events table is hash-partitioned by conv_id.
+// events table is hash-partitioned by conv_key.
 func TestEventsHashPartitionedByConversation(t *testing.T) {
 	cfg := parleytest.Config(t)
 	c := context.Background()

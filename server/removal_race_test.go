@@ -211,7 +211,7 @@ func (f *raceFix) check(it int, conv string, leave, head int64, confirmed []int6
 		}
 	}
 	var after int64
-	if err := f.pg.QueryRow(ctx(t), `SELECT count(*) FROM events WHERE conv_id = $1 AND sender = 'x' AND kind = 1 AND seq > $2`, conv, leave).Scan(&after); err != nil {
+	if err := f.pg.QueryRow(ctx(t), `SELECT count(*) FROM events WHERE conv_key = (SELECT conv_key FROM conversations WHERE conv_id = $1) AND sender = 'x' AND kind = 1 AND seq > $2`, conv, leave).Scan(&after); err != nil {
 		t.Fatal(err)
 	}
 	if after != 0 {
@@ -250,7 +250,7 @@ func (f *raceFix) nothingAfter(it int, conv string, leave int64) {
 // leaveSeq is the seq of x's leave in conv (the newest one).
 func (f *raceFix) leaveSeq(conv string) int64 {
 	var s int64
-	if err := f.pg.QueryRow(ctx(f.t), `SELECT max(seq) FROM events WHERE conv_id = $1 AND kind = 3 AND users = '{x}'`, conv).Scan(&s); err != nil {
+	if err := f.pg.QueryRow(ctx(f.t), `SELECT max(seq) FROM events WHERE conv_key = (SELECT conv_key FROM conversations WHERE conv_id = $1) AND kind = 3 AND users = '{x}'`, conv).Scan(&s); err != nil {
 		f.t.Fatal(err)
 	}
 	return s
@@ -323,12 +323,12 @@ func TestReAddRacingSends(t *testing.T) {
 		}
 		// Keep sending into the new period for a moment.
 		var join int64
-		if err := f.pg.QueryRow(ctx(t), `SELECT max(seq) FROM events WHERE conv_id = $1 AND kind = 2 AND users = '{x}'`, conv).Scan(&join); err != nil {
+		if err := f.pg.QueryRow(ctx(t), `SELECT max(seq) FROM events WHERE conv_key = (SELECT conv_key FROM conversations WHERE conv_id = $1) AND kind = 2 AND users = '{x}'`, conv).Scan(&join); err != nil {
 			t.Fatal(err)
 		}
 		testenv.CheckFor(t, 10*time.Second, time.Millisecond, func() error {
 			var n int64
-			if err := f.pg.QueryRow(ctx(t), `SELECT count(*) FROM events WHERE conv_id = $1 AND sender = 'x' AND seq > $2`, conv, join).Scan(&n); err != nil || n < 3 {
+			if err := f.pg.QueryRow(ctx(t), `SELECT count(*) FROM events WHERE conv_key = (SELECT conv_key FROM conversations WHERE conv_id = $1) AND sender = 'x' AND seq > $2`, conv, join).Scan(&n); err != nil || n < 3 {
 				return fmt.Errorf("%d sends of x in the new period (%v)", n, err)
 			}
 			return nil
@@ -342,7 +342,7 @@ func TestReAddRacingSends(t *testing.T) {
 			}
 		}
 		var between int64
-		if err := f.pg.QueryRow(ctx(t), `SELECT count(*) FROM events WHERE conv_id = $1 AND sender = 'x' AND kind = 1 AND seq > $2 AND seq < $3`,
+		if err := f.pg.QueryRow(ctx(t), `SELECT count(*) FROM events WHERE conv_key = (SELECT conv_key FROM conversations WHERE conv_id = $1) AND sender = 'x' AND kind = 1 AND seq > $2 AND seq < $3`,
 			conv, leave, join).Scan(&between); err != nil {
 			t.Fatal(err)
 		}

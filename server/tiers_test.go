@@ -108,7 +108,7 @@ func tierScenario(t *testing.T, writeMax, onlineMax int, coalesce time.Duration)
 	quiesce := func() {
 		testenv.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
 			var committed int64
-			if err := pg.QueryRow(ctx(t), `SELECT count(*) FROM events WHERE conv_id = 'g'`).Scan(&committed); err != nil {
+			if err := pg.QueryRow(ctx(t), `SELECT count(*) FROM events WHERE conv_key = (SELECT conv_key FROM conversations WHERE conv_id = 'g')`).Scan(&committed); err != nil {
 				return err
 			}
 			if fanned := int64(env.Srv.MetricSum("parley_fanout_events_total")); fanned < committed {

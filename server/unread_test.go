@@ -293,7 +293,7 @@ func (c *urConv) currentMembers() []string {
 
 func (h *urHistory) head(conv string) int64 {
 	var v int64
-	if err := h.pg.QueryRow(h.ctx(), `SELECT coalesce(max(seq), 0) FROM events WHERE conv_id = $1`, conv).Scan(&v); err != nil {
+	if err := h.pg.QueryRow(h.ctx(), `SELECT coalesce(max(seq), 0) FROM events WHERE conv_key = (SELECT conv_key FROM conversations WHERE conv_id = $1)`, conv).Scan(&v); err != nil {
 		h.t.Fatal(err)
 	}
 	return v
@@ -675,7 +675,7 @@ func (h *urHistory) check() {
 	prefix := fmt.Sprintf("r%02d-", h.n)
 	if err := h.pg.QueryRow(h.ctx(), `SELECT count(*) FROM read_positions rp
 		WHERE rp.conv_id LIKE $1 || '%' AND (
-		      rp.read_seq > (SELECT coalesce(max(seq), 0) FROM events e WHERE e.conv_id = rp.conv_id)
+		      rp.read_seq > (SELECT coalesce(max(seq), 0) FROM events e WHERE e.conv_key = (SELECT conv_key FROM conversations WHERE conv_id = rp.conv_id))
 		   OR rp.read_seq > (SELECT max(coalesce(p.to_seq, 9223372036854775807)) FROM membership_periods p
 		                      WHERE p.conv_id = rp.conv_id AND p.user_id = rp.user_id)
 		   OR NOT EXISTS (SELECT 1 FROM membership_periods p WHERE p.conv_id = rp.conv_id AND p.user_id = rp.user_id))`,
@@ -684,7 +684,7 @@ func (h *urHistory) check() {
 	}
 	if err := h.pg.QueryRow(h.ctx(), `SELECT count(*) FROM device_cursors dc
 		WHERE dc.conv_id LIKE $1 || '%'
-		  AND dc.delivered_seq > (SELECT coalesce(max(seq), 0) FROM events e WHERE e.conv_id = dc.conv_id)`,
+		  AND dc.delivered_seq > (SELECT coalesce(max(seq), 0) FROM events e WHERE e.conv_key = (SELECT conv_key FROM conversations WHERE conv_id = dc.conv_id))`,
 		prefix).Scan(&badCursor); err != nil {
 		h.t.Fatal(err)
 	}

@@ -110,8 +110,9 @@ func (s *Store) Conversations(ctx context.Context, user, device string, limit in
 			// since the last period starts with the user's own join.
 			rows, err := tx.Query(ctx, `SELECT k.conv, lv.ts, k.last_to
 				FROM unnest($1::text[], $2::bigint[]) AS k(conv, last_to)
+				JOIN conversations c ON c.conv_id = k.conv
 				CROSS JOIN LATERAL (SELECT e.ts FROM events e
-				                     WHERE e.conv_id = k.conv AND e.seq <= k.last_to AND e.kind <> 0
+				                     WHERE e.conv_key = c.conv_key AND e.seq <= k.last_to AND e.kind <> 0
 				                     ORDER BY e.seq DESC LIMIT 1) lv`, probe, probeTo)
 			if err != nil {
 				return err
@@ -205,9 +206,9 @@ func (s *Store) Conversations(ctx context.Context, user, device string, limit in
 // the last period starts with the user's own join.
 const conversationsSQL = `
 SELECT p.conv_id, c.kind, c.title, c.member_count, c.epoch, c.min_seq,
-       (SELECT coalesce(max(seq), 0) FROM events WHERE conv_id = p.conv_id),
+       (SELECT coalesce(max(e.seq), 0) FROM events e WHERE e.conv_key = c.conv_key),
        coalesce(dc.delivered_seq, 0), coalesce(rp.read_seq, 0),
-       coalesce((SELECT e.ts FROM events e WHERE e.conv_id = p.conv_id AND e.seq <= p.last_to AND e.kind <> 0
+       coalesce((SELECT e.ts FROM events e WHERE e.conv_key = c.conv_key AND e.seq <= p.last_to AND e.kind <> 0
                   ORDER BY e.seq DESC LIMIT 1), 0),
        u.unread
   FROM unnest($3::text[], $4::bigint[]) WITH ORDINALITY AS p(conv_id, last_to, i)

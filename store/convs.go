@@ -99,9 +99,10 @@ func (s *Store) CreateConversations(ctx context.Context, cs []NewConversation, t
 		} else if missing != "" {
 			return fmt.Errorf("%w: %s", ErrUnknownUser, missing)
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO events (conv_id, seq, kind, sender, ts, users)
-			SELECT c.id, 1, $5, c.actor, $6, coalesce(m.users, '{}')
+		if _, err := tx.Exec(ctx, `INSERT INTO events (conv_key, seq, kind, sender, ts, users)
+			SELECT k.conv_key, 1, $5, c.actor, $6, coalesce(m.users, '{}')
 			  FROM unnest($1::text[], $2::text[]) AS c(id, actor)
+			  JOIN conversations k ON k.conv_id = c.id
 			  LEFT JOIN (SELECT conv, array_agg(u ORDER BY i) AS users FROM unnest($3::text[], $4::text[]) WITH ORDINALITY AS p(conv, u, i) GROUP BY conv) m
 			    ON m.conv = c.id`, ids, actors, pairConvs, pairUsers, KindJoin, ts); err != nil {
 			return err
@@ -153,7 +154,7 @@ func (s *Store) AddMembers(ctx context.Context, ch *MembershipChange, users []st
 				return err
 			}
 		}
-		return tx.QueryRow(ctx, `SELECT coalesce(max(seq), 0), (SELECT member_count FROM conversations WHERE conv_id = $1) FROM events WHERE conv_id = $1`,
+		return tx.QueryRow(ctx, `SELECT `+headSQL+`, c.member_count FROM conversations c WHERE c.conv_id = $1`,
 			ch.Conv).Scan(&head, &members)
 	})
 	if err != nil {
@@ -187,7 +188,7 @@ func (s *Store) RemoveMember(ctx context.Context, ch *MembershipChange, user str
 		if err := tx.QueryRow(ctx, `UPDATE conversations SET member_count = member_count - 1 WHERE conv_id = $1 RETURNING member_count`, ch.Conv).Scan(&members); err != nil {
 			return err
 		}
-		return tx.QueryRow(ctx, `SELECT coalesce(max(seq), 0) FROM events WHERE conv_id = $1`, ch.Conv).Scan(&head)
+		return tx.QueryRow(ctx, `SELECT `+headSQL+` FROM conversations c WHERE c.conv_id = $1`, ch.Conv).Scan(&head)
 	})
 	return head, members, err
 }
@@ -247,7 +248,7 @@ func allocate(ctx context.Context, tx pgx.Tx, ch *MembershipChange) error {
 		return nil
 	}
 	var head int64
-	if err := tx.QueryRow(ctx, `SELECT coalesce(max(seq), 0) FROM events WHERE conv_id = $1`, ch.Conv).Scan(&head); err != nil {
+	if err := tx.QueryRow(ctx, `SELECT `+headSQL+` FROM conversations c WHERE c.conv_id = $1`, ch.Conv).Scan(&head); err != nil {
 		return err
 	}
 	seq, err := ch.Alloc(ctx)
@@ -262,7 +263,8 @@ func allocate(ctx context.Context, tx pgx.Tx, ch *MembershipChange) error {
 }
 
 func insertMembershipEvent(ctx context.Context, tx pgx.Tx, ch MembershipChange, kind Kind, users []string) error {
-	tag, err := tx.Exec(ctx, `INSERT INTO events (conv_id, seq, kind, sender, ts, users) VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING`,
+	tag, err := tx.Exec(ctx, `INSERT INTO events (conv_key, seq, kind, sender, ts, users)
+		SELECT conv_key, $2, $3, $4, $5, $6 FROM conversations WHERE conv_id = $1 ON CONFLICT DO NOTHING`,
 		ch.Conv, ch.Seq, kind, ch.Actor, ch.Ts, users)
 	if err != nil {
 		return err
@@ -282,11 +284,15 @@ func missingUserTx(ctx context.Context, tx pgx.Tx, ids []string) (string, error)
 	return missing, err
 }
 
+// headSQL is the head (highest committed seq) of conversation c, the
+// conversations row in the statement it is part of.
+const headSQL = `(SELECT coalesce(max(e.seq), 0) FROM events e WHERE e.conv_key = c.conv_key)`
+
 // ConversationByID returns the conversation with its head, or ErrNotFound.
 func (s *Store) ConversationByID(ctx context.Context, id string) (Conversation, error) {
 	c := Conversation{ID: id}
 	err := s.pool.QueryRow(ctx, `SELECT kind, title, epoch, min_seq, member_count,
-		(SELECT coalesce(max(seq), 0) FROM events WHERE conv_id = $1) FROM conversations WHERE conv_id = $1`, id).
+		`+headSQL+` FROM conversations c WHERE c.conv_id = $1`, id).
 		Scan(&c.Kind, &c.Title, &c.Epoch, &c.MinSeq, &c.Members, &c.Head)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return c, ErrNotFound
@@ -313,7 +319,7 @@ func (s *Store) AreCurrentMembers(ctx context.Context, convs, users []string) ([
 // Head returns the conversation's highest committed seq, or ErrNotFound.
 func (s *Store) Head(ctx context.Context, conv string) (int64, error) {
 	var head int64
-	err := s.pool.QueryRow(ctx, `SELECT (SELECT coalesce(max(seq), 0) FROM events WHERE conv_id = $1) FROM conversations WHERE conv_id = $1`,
+	err := s.pool.QueryRow(ctx, `SELECT `+headSQL+` FROM conversations c WHERE c.conv_id = $1`,
 		conv).Scan(&head)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, ErrNotFound

@@ -170,8 +170,8 @@ func benchDatabase(b *testing.B, ctx context.Context) string {
 		// Conversation c's events have ts growing with c, so the highest
 		// numbered conversations are the most recently active. Seq 1 is the
 		// join; every 10th message is the user's own.
-		fmt.Sprintf(`INSERT INTO events (conv_id, seq, kind, sender, cmid, body, ts, users)
-			SELECT 'c' || lpad(c::text, 4, '0'), s,
+		fmt.Sprintf(`INSERT INTO events (conv_key, seq, kind, sender, cmid, body, ts, users)
+			SELECT (SELECT conv_key FROM conversations WHERE conv_id = 'c' || lpad(c::text, 4, '0')), s,
 			       CASE WHEN s = 1 THEN 2 ELSE 1 END,
 			       CASE WHEN s = 1 THEN '' WHEN s %% 10 = 0 THEN 'bench-user' ELSE 'bench-other' END,
 			       CASE WHEN s = 1 THEN NULL ELSE 'm' || s END,

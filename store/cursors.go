@@ -64,7 +64,8 @@ WITH ok AS (
 // conversation at some time, and seq <= head.
 const mergeCursorsChecks = `
      WHERE coalesce((SELECT true FROM membership_periods m WHERE m.conv_id = i.conv AND m.user_id = i.usr LIMIT 1), false)
-       AND i.seq <= (SELECT coalesce(max(e.seq), 0) FROM events e WHERE e.conv_id = i.conv)`
+       AND i.seq <= (SELECT coalesce(max(e.seq), 0) FROM events e
+                      WHERE e.conv_key = (SELECT c.conv_key FROM conversations c WHERE c.conv_id = i.conv))`
 
 const (
 	mergeKnownCursorsSQL = mergeAcksOK + "\n)" + mergeCursorsUpsert

@@ -24,9 +24,9 @@ func (s *Store) AdvanceDense(ctx context.Context, convs []string) error {
 		}
 		_, err := tx.Exec(ctx, `
 WITH d AS (
-    SELECT c.conv_id, c.dense_seq AS d0,
+    SELECT c.conv_id, c.conv_key, c.dense_seq AS d0,
            coalesce((SELECT max(t.seq) FROM (SELECT e.seq, e.seq - row_number() OVER (ORDER BY e.seq) AS k
-                                               FROM events e WHERE e.conv_id = c.conv_id AND e.seq > c.dense_seq) t
+                                               FROM events e WHERE e.conv_key = c.conv_key AND e.seq > c.dense_seq) t
                       WHERE t.k = c.dense_seq), c.dense_seq) AS d1
       FROM conversations c WHERE c.conv_id = ANY($1)
 ), counted AS (
@@ -37,7 +37,7 @@ WITH d AS (
       -- the planner scan every message of the table, growing with it.
       CROSS JOIN LATERAL (SELECT e.sender, e.seq >> s.bucket_bits AS bucket, count(*) AS n
                             FROM events e
-                           WHERE e.conv_id = d.conv_id AND e.seq > d.d0 AND e.seq <= d.d1
+                           WHERE e.conv_key = d.conv_key AND e.seq > d.d0 AND e.seq <= d.d1
                              AND e.kind = 1 AND e.recalled_by IS NULL
                            GROUP BY 1, 2) x
      WHERE d.d1 > d.d0

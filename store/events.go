@@ -110,18 +110,22 @@ func (s *Store) InsertMessages(ctx context.Context, msgs []NewMessage, recipient
 // index (scalar and LATERAL subqueries with LIMIT, which the planner does
 // not turn into joins): as joins, a plan made while the tables were small
 // hashed all of them for every batch, and kept doing so as they grew.
-const insertMessagesSQL = `WITH ins AS (
-		INSERT INTO events (conv_id, seq, kind, sender, cmid, body, ts)
-		SELECT u.conv, u.seq, 1, u.sender, u.cmid, u.body, u.ts
+const insertMessagesSQL = `WITH u AS (
+		SELECT u.*, c.conv_key, c.member_count
 		FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::bytea[], $6::bigint[]) AS u(conv, seq, sender, cmid, body, ts)
+		CROSS JOIN LATERAL (SELECT c.conv_key, c.member_count FROM conversations c WHERE c.conv_id = u.conv LIMIT 1) c
+	), ins AS (
+		INSERT INTO events (conv_key, seq, kind, sender, cmid, body, ts)
+		SELECT u.conv_key, u.seq, 1, u.sender, u.cmid, u.body, u.ts
+		FROM u
 		WHERE coalesce((SELECT true FROM membership_periods m
 		                WHERE m.conv_id = u.conv AND m.user_id = u.sender AND m.to_seq IS NULL AND m.from_seq <= u.seq LIMIT 1), false)
 		%s
-		RETURNING conv_id, seq)
-	SELECT ins.conv_id, ins.seq, c.member_count,
-		CASE WHEN c.member_count < $7 THEN ARRAY(SELECT m.user_id FROM membership_periods m
-			WHERE m.conv_id = ins.conv_id AND m.from_seq <= ins.seq AND (m.to_seq IS NULL OR m.to_seq >= ins.seq)) END
-	FROM ins CROSS JOIN LATERAL (SELECT c.member_count FROM conversations c WHERE c.conv_id = ins.conv_id LIMIT 1) c`
+		RETURNING conv_key, seq)
+	SELECT u.conv, u.seq, u.member_count,
+		CASE WHEN u.member_count < $7 THEN ARRAY(SELECT m.user_id FROM membership_periods m
+			WHERE m.conv_id = u.conv AND m.from_seq <= u.seq AND (m.to_seq IS NULL OR m.to_seq >= u.seq)) END
+	FROM ins JOIN u ON u.conv_key = ins.conv_key AND u.seq = ins.seq`
 
 var (
 	insertMessagesPlainSQL    = fmt.Sprintf(insertMessagesSQL, "")
@@ -240,7 +244,8 @@ func resolveMissing(ctx context.Context, tx querier, msgs []NewMessage, missing 
 	rows, err := tx.Query(ctx, `SELECT u.i, e.seq, e.ts,
 			EXISTS (SELECT 1 FROM membership_periods m WHERE m.conv_id = u.conv AND m.user_id = u.sender AND m.to_seq IS NULL AND m.from_seq <= u.seq)
 		FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::bigint[]) AS u(i, conv, sender, cmid, seq)
-		LEFT JOIN events e ON e.conv_id = u.conv AND e.sender = u.sender AND e.cmid = u.cmid`, idx, convs, senders, cmids, seqs)
+		LEFT JOIN conversations c ON c.conv_id = u.conv
+		LEFT JOIN events e ON e.conv_key = c.conv_key AND e.sender = u.sender AND e.cmid = u.cmid`, idx, convs, senders, cmids, seqs)
 	if err != nil {
 		return err
 	}
@@ -285,7 +290,8 @@ func (s *Store) InsertHoles(ctx context.Context, conv string, seqs []int64, ts i
 }
 
 func insertHoles(ctx context.Context, tx querier, conv string, seqs []int64, ts int64) error {
-	_, err := tx.Exec(ctx, `INSERT INTO events (conv_id, seq, kind, ts) SELECT $1, s, 0, $3 FROM unnest($2::bigint[]) s ON CONFLICT DO NOTHING`,
+	_, err := tx.Exec(ctx, `INSERT INTO events (conv_key, seq, kind, ts)
+		SELECT c.conv_key, s, 0, $3 FROM conversations c, unnest($2::bigint[]) s WHERE c.conv_id = $1 ON CONFLICT DO NOTHING`,
 		conv, seqs, ts)
 	return err
 }
@@ -317,17 +323,25 @@ func (s *Store) ReadPage(ctx context.Context, conv, user string, after int64, li
 		if err != nil {
 			return err
 		}
-		if err := tx.QueryRow(ctx, `SELECT epoch, min_seq, (SELECT coalesce(max(seq), 0) FROM events WHERE conv_id = $1)
-			FROM conversations WHERE conv_id = $1`, conv).Scan(&p.Epoch, &p.MinSeq, &p.Head); err != nil {
+		var key int64
+		if err := tx.QueryRow(ctx, `SELECT c.conv_key, c.epoch, c.min_seq, (SELECT coalesce(max(e.seq), 0) FROM events e WHERE e.conv_key = c.conv_key)
+			FROM conversations c WHERE c.conv_id = $1`, conv).Scan(&key, &p.Epoch, &p.MinSeq, &p.Head); err != nil {
 			return err
 		}
 		p.Upto = after
 		if after >= p.Head {
 			return nil
 		}
-		return readRanges(ctx, tx, conv, periods, limit, &p)
+		return readRanges(ctx, tx, convRef{conv, key}, periods, limit, &p)
 	})
 	return p, err
+}
+
+// convRef names a conversation both ways: its id, and the conv_key that
+// its events are stored under (migration 0006).
+type convRef struct {
+	id  string
+	key int64
 }
 
 // Period is a membership period [From, To]; To is math.MaxInt64 while open.
@@ -355,7 +369,7 @@ func periodsTx(ctx context.Context, tx pgx.Tx, conv, user string) ([]Period, err
 // readRanges walks (p.Upto, p.Head]: visible ranges are read row by row,
 // invisible ones only checked for contiguity. It stops at the first seq
 // without a row, or when limit visible events are collected.
-func readRanges(ctx context.Context, tx pgx.Tx, conv string, periods []Period, limit int, p *Page) error {
+func readRanges(ctx context.Context, tx pgx.Tx, conv convRef, periods []Period, limit int, p *Page) error {
 	pos := p.Upto
 	for pos < p.Head && len(p.Events) < limit {
 		var next *Period
@@ -383,14 +397,14 @@ func readRanges(ctx context.Context, tx pgx.Tx, conv string, periods []Period, l
 		end := min(next.To, p.Head)
 		want := limit - len(p.Events)
 		rows, err := tx.Query(ctx, `SELECT seq, kind, sender, coalesce(cmid, ''), coalesce(body, ''::bytea), ts, recalled_by IS NOT NULL, coalesce(target, 0), users
-			FROM events WHERE conv_id = $1 AND seq > $2 AND seq <= $3 ORDER BY seq LIMIT $4`, conv, pos, end, want)
+			FROM events WHERE conv_key = $1 AND seq > $2 AND seq <= $3 ORDER BY seq LIMIT $4`, conv.key, pos, end, want)
 		if err != nil {
 			return err
 		}
 		got := 0
 		gap := int64(0)
 		for rows.Next() {
-			e := Event{Conv: conv}
+			e := Event{Conv: conv.id}
 			if err := rows.Scan(&e.Seq, &e.Kind, &e.Sender, &e.Cmid, &e.Body, &e.Ts, &e.Recalled, &e.Target, &e.Users); err != nil {
 				rows.Close()
 				return err
@@ -425,19 +439,19 @@ func readRanges(ctx context.Context, tx pgx.Tx, conv string, periods []Period, l
 }
 
 // stopAt ends the page just below gap and records how old the gap is.
-func (p *Page) stopAt(ctx context.Context, tx pgx.Tx, conv string, gap int64) error {
+func (p *Page) stopAt(ctx context.Context, tx pgx.Tx, conv convRef, gap int64) error {
 	p.Upto = gap - 1
 	p.Gap = gap
-	return tx.QueryRow(ctx, `SELECT ts FROM events WHERE conv_id = $1 AND seq > $2 ORDER BY seq LIMIT 1`, conv, gap).Scan(&p.GapAfterTs)
+	return tx.QueryRow(ctx, `SELECT ts FROM events WHERE conv_key = $1 AND seq > $2 ORDER BY seq LIMIT 1`, conv.key, gap).Scan(&p.GapAfterTs)
 }
 
 // firstGap returns the first seq in [from, to] without a row, or 0.
-func firstGap(ctx context.Context, tx pgx.Tx, conv string, from, to int64) (int64, error) {
+func firstGap(ctx context.Context, tx pgx.Tx, conv convRef, from, to int64) (int64, error) {
 	if from > to {
 		return 0, nil
 	}
 	var n int64
-	if err := tx.QueryRow(ctx, `SELECT count(*) FROM events WHERE conv_id = $1 AND seq BETWEEN $2 AND $3`, conv, from, to).Scan(&n); err != nil {
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM events WHERE conv_key = $1 AND seq BETWEEN $2 AND $3`, conv.key, from, to).Scan(&n); err != nil {
 		return 0, err
 	}
 	if n == to-from+1 {
@@ -445,7 +459,7 @@ func firstGap(ctx context.Context, tx pgx.Tx, conv string, from, to int64) (int6
 	}
 	var gap int64
 	err := tx.QueryRow(ctx, `SELECT s FROM generate_series($2::bigint, $3::bigint) s
-		WHERE NOT EXISTS (SELECT 1 FROM events WHERE conv_id = $1 AND seq = s) ORDER BY s LIMIT 1`, conv, from, to).Scan(&gap)
+		WHERE NOT EXISTS (SELECT 1 FROM events WHERE conv_key = $1 AND seq = s) ORDER BY s LIMIT 1`, conv.key, from, to).Scan(&gap)
 	return gap, err
 }
 

@@ -38,7 +38,8 @@ WITH input AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY AS i(usr, conv, seq, idx)
 ), facts AS (
     SELECT i.*,
-           (SELECT coalesce(max(e.seq), 0) FROM events e WHERE e.conv_id = i.conv) AS head,
+           (SELECT coalesce(max(e.seq), 0) FROM events e
+             WHERE e.conv_key = (SELECT c.conv_key FROM conversations c WHERE c.conv_id = i.conv)) AS head,
            p.n, p.last_to,
            (SELECT r.read_seq FROM read_positions r WHERE r.user_id = i.usr AND r.conv_id = i.conv) AS prev
       FROM input i

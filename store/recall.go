@@ -42,15 +42,15 @@ func (s *Store) Recall(ctx context.Context, ch *MembershipChange, target, window
 		// The conversation row is locked too: AdvanceDense, which counts
 		// own messages into own_msg_buckets as dense_seq passes them, is
 		// ordered before or after this recall (see AdvanceDense).
-		var dense int64
-		if err := tx.QueryRow(ctx, `SELECT dense_seq, member_count FROM conversations WHERE conv_id = $1 FOR UPDATE`, ch.Conv).Scan(&dense, &r.Members); err != nil {
+		var dense, key int64
+		if err := tx.QueryRow(ctx, `SELECT dense_seq, member_count, conv_key FROM conversations WHERE conv_id = $1 FOR UPDATE`, ch.Conv).Scan(&dense, &r.Members, &key); err != nil {
 			return err
 		}
 		var sender string
 		var ts int64
 		var recalledBy *int64
-		err := tx.QueryRow(ctx, `SELECT sender, ts, recalled_by FROM events WHERE conv_id = $1 AND seq = $2 AND kind = 1 FOR UPDATE`,
-			ch.Conv, target).Scan(&sender, &ts, &recalledBy)
+		err := tx.QueryRow(ctx, `SELECT sender, ts, recalled_by FROM events WHERE conv_key = $1 AND seq = $2 AND kind = 1 FOR UPDATE`,
+			key, target).Scan(&sender, &ts, &recalledBy)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			return ErrNoMessage
@@ -67,8 +67,8 @@ func (s *Store) Recall(ctx context.Context, ch *MembershipChange, target, window
 		if err := allocate(ctx, tx, ch); err != nil {
 			return err
 		}
-		tag, err := tx.Exec(ctx, `INSERT INTO events (conv_id, seq, kind, sender, ts, target) VALUES ($1, $2, 4, $3, $4, $5) ON CONFLICT DO NOTHING`,
-			ch.Conv, ch.Seq, ch.Actor, ch.Ts, target)
+		tag, err := tx.Exec(ctx, `INSERT INTO events (conv_key, seq, kind, sender, ts, target) VALUES ($1, $2, 4, $3, $4, $5) ON CONFLICT DO NOTHING`,
+			key, ch.Seq, ch.Actor, ch.Ts, target)
 		if err != nil {
 			return err
 		}
@@ -76,7 +76,7 @@ func (s *Store) Recall(ctx context.Context, ch *MembershipChange, target, window
 			return ErrSeqTaken
 		}
 		r.Seq = ch.Seq
-		if _, err = tx.Exec(ctx, `UPDATE events SET recalled_by = $3, body = NULL WHERE conv_id = $1 AND seq = $2`, ch.Conv, target, ch.Seq); err != nil {
+		if _, err = tx.Exec(ctx, `UPDATE events SET recalled_by = $3, body = NULL WHERE conv_key = $1 AND seq = $2`, key, target, ch.Seq); err != nil {
 			return err
 		}
 		if target <= dense {

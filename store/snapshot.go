@@ -61,10 +61,10 @@ func (s *Store) Snapshot(ctx context.Context, user string, convs []string, after
 const snapshotSQL = `WITH q AS (
 	SELECT k, usr, conv, after FROM unnest($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY AS q(usr, conv, after, k)
 ), hd AS (
-	SELECT d.conv, (SELECT coalesce(max(e.seq), 0) FROM events e WHERE e.conv_id = d.conv) AS head
-	FROM (SELECT DISTINCT conv FROM q) d
+	SELECT d.conv, c.conv_key AS key, (SELECT coalesce(max(e.seq), 0) FROM events e WHERE e.conv_key = c.conv_key) AS head
+	FROM (SELECT DISTINCT conv FROM q) d JOIN conversations c ON c.conv_id = d.conv
 ), uc AS MATERIALIZED (
-	SELECT u.usr, u.conv, hd.head, p.froms, p.tos, r.read, ur.unread
+	SELECT u.usr, u.conv, hd.key, hd.head, p.froms, p.tos, r.read, ur.unread
 	FROM (SELECT DISTINCT usr, conv FROM q) u
 	JOIN hd ON hd.conv = u.conv
 	CROSS JOIN LATERAL (SELECT array_agg(m.from_seq ORDER BY m.from_seq) AS froms,
@@ -75,15 +75,15 @@ const snapshotSQL = `WITH q AS (
 	CROSS JOIN LATERAL parley_unread_of(u.conv, u.usr, r.read) ur
 	WHERE p.froms IS NOT NULL
 ), it AS MATERIALIZED (
-	SELECT q.k, q.usr, q.conv, q.after, uc.head, uc.read, uc.unread, uc.froms, uc.tos
+	SELECT q.k, q.usr, q.conv, uc.key, q.after, uc.head, uc.read, uc.unread, uc.froms, uc.tos
 	FROM q JOIN uc ON uc.usr = q.usr AND uc.conv = q.conv
 ), rg AS (
-	SELECT DISTINCT conv, after, head FROM it WHERE after >= 0 AND head > after AND head - after <= $4
+	SELECT DISTINCT conv, key, after, head FROM it WHERE after >= 0 AND head > after AND head - after <= $4
 )
 SELECT 0 AS t, it.k, '' AS conv, 0::bigint AS after, it.head, it.read, it.unread,
 	CASE WHEN it.after >= 0 AND it.head - it.after > $4 THEN
-		(SELECT count(*) FROM events e WHERE e.conv_id = it.conv AND e.seq > it.after AND e.kind <> 0
-			AND EXISTS (SELECT 1 FROM membership_periods m WHERE m.conv_id = e.conv_id AND m.user_id = it.usr
+		(SELECT count(*) FROM events e WHERE e.conv_key = it.key AND e.seq > it.after AND e.kind <> 0
+			AND EXISTS (SELECT 1 FROM membership_periods m WHERE m.conv_id = it.conv AND m.user_id = it.usr
 				AND e.seq >= m.from_seq AND (m.to_seq IS NULL OR e.seq <= m.to_seq)))
 	ELSE 0 END AS total,
 	it.froms, it.tos,
@@ -94,15 +94,15 @@ UNION ALL
 SELECT 1, 0, rg.conv, rg.after, 0, 0, 0, 0, NULL, NULL,
 	e.seq, e.kind, e.sender, coalesce(e.cmid, ''), coalesce(e.body, ''::bytea), e.ts,
 	e.recalled_by IS NOT NULL, coalesce(e.target, 0), e.users
-FROM rg JOIN events e ON e.conv_id = rg.conv AND e.seq > rg.after AND e.seq <= rg.head
+FROM rg JOIN events e ON e.conv_key = rg.key AND e.seq > rg.after AND e.seq <= rg.head
 UNION ALL
 SELECT 2, it.k, '', 0, 0, 0, 0, 0, NULL, NULL,
 	tl.seq, tl.kind, tl.sender, tl.cmid, tl.body, tl.ts, tl.recalled, tl.target, tl.users
 FROM it CROSS JOIN LATERAL (
 	SELECT e.seq, e.kind, e.sender, coalesce(e.cmid, '') AS cmid, coalesce(e.body, ''::bytea) AS body, e.ts,
 		e.recalled_by IS NOT NULL AS recalled, coalesce(e.target, 0) AS target, e.users
-	FROM events e WHERE e.conv_id = it.conv AND e.seq > it.after AND e.kind <> 0
-		AND EXISTS (SELECT 1 FROM membership_periods m WHERE m.conv_id = e.conv_id AND m.user_id = it.usr
+	FROM events e WHERE e.conv_key = it.key AND e.seq > it.after AND e.kind <> 0
+		AND EXISTS (SELECT 1 FROM membership_periods m WHERE m.conv_id = it.conv AND m.user_id = it.usr
 			AND e.seq >= m.from_seq AND (m.to_seq IS NULL OR e.seq <= m.to_seq))
 	ORDER BY e.seq DESC LIMIT $5) tl
 WHERE it.after >= 0 AND it.head - it.after > $4`

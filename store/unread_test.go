@@ -228,8 +228,8 @@ func ownBucketsMismatch(ctx context.Context, pg *pgx.Conn, conv string) error {
 SELECT coalesce(b.sender, x.sender), coalesce(b.bucket, x.bucket), coalesce(b.n, 0), coalesce(x.n, 0)
   FROM (SELECT * FROM own_msg_buckets WHERE conv_id = $1) b
   FULL JOIN (SELECT e.sender, e.seq >> 2 AS bucket, count(*) AS n
-               FROM events e JOIN conversations c ON c.conv_id = e.conv_id
-              WHERE e.conv_id = $1 AND e.seq <= c.dense_seq AND e.kind = 1 AND e.recalled_by IS NULL
+               FROM events e JOIN conversations c ON c.conv_key = e.conv_key
+              WHERE c.conv_id = $1 AND e.seq <= c.dense_seq AND e.kind = 1 AND e.recalled_by IS NULL
               GROUP BY 1, 2) x ON x.sender = b.sender AND x.bucket = b.bucket
  WHERE coalesce(b.n, 0) <> coalesce(x.n, 0) LIMIT 1`, conv).Scan(&who, &bucket, &got, &want)
 	if errors.Is(err, pgx.ErrNoRows) {

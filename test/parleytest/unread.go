@@ -18,10 +18,11 @@ const UnreadDefinitionSQL = `
 SELECT count(*) FROM (
     SELECT DISTINCT e.seq
       FROM events e
+      JOIN conversations c ON c.conv_key = e.conv_key
       JOIN membership_periods p
-        ON p.conv_id = e.conv_id AND p.user_id = $1
+        ON p.conv_id = c.conv_id AND p.user_id = $1
        AND e.seq >= p.from_seq AND e.seq <= coalesce(p.to_seq, e.seq)
-     WHERE e.conv_id = $2
+     WHERE c.conv_id = $2
        AND e.kind = 1
        AND e.recalled_by IS NULL
        AND e.sender IS DISTINCT FROM $1
