@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"slices"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // CursorUpdate is one ack: device (of user, on install epoch) holds every
@@ -32,45 +35,76 @@ var (
 	ErrCursorAhead  = errors.New("store: seq above head")
 )
 
-// Acks are merged in one statement per batch. An ack counts only if its
-// epoch is the device's current install_epoch; the device row is locked
-// FOR SHARE, so a concurrent reinstall (which updates it) is ordered
-// before or after the batch, and no ack of an old install is written
-// after the reinstall deleted the device's cursors. Device rows are
-// locked, and cursor rows written, in (device, conv) order so that
-// concurrent batches cannot deadlock.
-const mergeCursorsUpsert = `
-INSERT INTO device_cursors (device_id, conv_id, install_epoch, delivered_seq)
-SELECT device, conv, epoch, seq FROM ok ORDER BY device, conv
-ON CONFLICT (device_id, conv_id) DO UPDATE
-  SET delivered_seq = GREATEST(device_cursors.delivered_seq, EXCLUDED.delivered_seq),
-      install_epoch = EXCLUDED.install_epoch
-RETURNING device_id, conv_id, install_epoch::bigint, delivered_seq`
+// Every write of a device's cursors (a merge, a reinstall) holds the
+// device's cursor lock, a transaction-level advisory lock (deviceLockKey),
+// exclusively. A merge takes its batch's device locks (sorted, so batches
+// cannot wait in a cycle) in the statement before mergeCursorsSQL, in one
+// transaction: the merge's snapshot, taken after them, sees every cursor of
+// its devices as it is, so it writes only the cursors that move, with plain
+// UPDATEs and INSERTs. An upsert (INSERT … ON CONFLICT DO UPDATE) and a
+// FOR SHARE lock of the device row each wrote a WAL record per row to lock
+// it, and rewrote cursors that did not move; these were most of the WAL of
+// an ack. A reinstall takes the same lock, so an ack of the old install is
+// written before it (and deleted by it) or sees the new install_epoch and
+// changes nothing.
+const lockDevicesSQL = `SELECT count(pg_advisory_xact_lock(k)) FROM unnest($1::bigint[]) k`
 
 // mergeAcksOK picks a batch's acks of the device's current install
-// ($1…$5: device, conv, epoch, seq, user), locking the device rows in
-// input order (per row, by index: see insertMessagesSQL). Known acks
+// ($1…$5: device, conv, epoch, seq, user). Known acks
 // (CursorUpdate.Known: the gateway knows the seq is committed and visible
 // to the user) need nothing more; mergeCursorsChecks adds what the others
 // need. The membership and head lookups were two thirds of the
-// statement's time; the lock costs no measurable time.
+// statement's time.
 const mergeAcksOK = `
-WITH ok AS (
+WITH ok AS MATERIALIZED (
     SELECT i.device, i.conv, i.epoch, i.seq
-      FROM (SELECT * FROM unnest($1::text[], $2::text[], $3::int[], $4::bigint[], $5::text[]) AS u(device, conv, epoch, seq, usr) ORDER BY device, conv) i
-      CROSS JOIN LATERAL (SELECT 1 FROM devices d WHERE d.device_id = i.device AND d.install_epoch = i.epoch FOR SHARE) d`
+      FROM unnest($1::text[], $2::text[], $3::int[], $4::bigint[], $5::text[]) AS i(device, conv, epoch, seq, usr)
+     WHERE EXISTS (SELECT 1 FROM devices d WHERE d.device_id = i.device AND d.install_epoch = i.epoch)`
 
 // mergeCursorsChecks: the user must have been a member of the
 // conversation at some time, and seq <= head.
 const mergeCursorsChecks = `
-     WHERE coalesce((SELECT true FROM membership_periods m WHERE m.conv_id = i.conv AND m.user_id = i.usr LIMIT 1), false)
+       AND coalesce((SELECT true FROM membership_periods m WHERE m.conv_id = i.conv AND m.user_id = i.usr LIMIT 1), false)
        AND i.seq <= (SELECT coalesce(max(e.seq), 0) FROM events e
                       WHERE e.conv_key = (SELECT c.conv_key FROM conversations c WHERE c.conv_id = i.conv))`
 
-const (
-	mergeKnownCursorsSQL = mergeAcksOK + "\n)" + mergeCursorsUpsert
-	mergeCursorsSQL      = mergeAcksOK + mergeCursorsChecks + "\n)" + mergeCursorsUpsert
+// mergeCursorsWrite max-merges the picked acks: each cursor's current
+// value (cur) decides whether it is inserted, raised, or left alone; every
+// picked ack is answered with the merged value.
+const mergeCursorsWrite = `
+), cur AS MATERIALIZED (
+    SELECT ok.*, c.delivered_seq AS old, c.install_epoch AS old_epoch
+      FROM ok LEFT JOIN device_cursors c ON c.device_id = ok.device AND c.conv_id = ok.conv
+), raised AS (
+    UPDATE device_cursors c SET delivered_seq = greatest(cur.old, cur.seq), install_epoch = cur.epoch
+      FROM cur
+     WHERE c.device_id = cur.device AND c.conv_id = cur.conv AND (cur.old < cur.seq OR cur.old_epoch <> cur.epoch)
+), added AS (
+    INSERT INTO device_cursors (device_id, conv_id, install_epoch, delivered_seq)
+    SELECT device, conv, epoch, seq FROM cur WHERE old IS NULL
 )
+SELECT device, conv, epoch::bigint, greatest(coalesce(old, 0), seq) FROM cur`
+
+const (
+	mergeKnownCursorsSQL = mergeAcksOK + mergeCursorsWrite
+	mergeCursorsSQL      = mergeAcksOK + mergeCursorsChecks + mergeCursorsWrite
+)
+
+// deviceLockKey is the advisory lock key of device's cursors.
+func deviceLockKey(device string) int64 {
+	return changeLockKey("device\x00" + device)
+}
+
+// deviceLockKeys returns the cursor lock keys of devices, sorted and
+// distinct.
+func deviceLockKeys(devices []string) []int64 {
+	keys := make([]int64, len(devices))
+	for i, d := range devices {
+		keys[i] = deviceLockKey(d)
+	}
+	slices.Sort(keys)
+	return slices.Compact(keys)
+}
 
 const diagnoseCursorSQL = `
 SELECT coalesce((SELECT install_epoch = $3 FROM devices WHERE device_id = $1), false),
@@ -201,18 +235,32 @@ func (s *Store) diagnoseCursor(ctx context.Context, u CursorUpdate) (why, err er
 
 // queryCursors runs a merge statement and calls row for each row it returns.
 func (s *Store) queryCursors(ctx context.Context, sql string, args []any, row func(device, conv string, epoch, delivered int64)) error {
-	rows, err := s.pool.Query(ctx, sql, args...)
+	b := &pgx.Batch{}
+	b.Queue(lockDevicesSQL, deviceLockKeys(args[0].([]string)))
+	b.Queue(sql, args...)
+	br := s.pool.SendBatch(ctx, b)
+	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return err
+	}
+	rows, err := br.Query()
 	if err != nil {
 		return err
 	}
-	defer rows.Close()
 	for rows.Next() {
 		var device, conv string
 		var epoch, delivered int64
 		if err := rows.Scan(&device, &conv, &epoch, &delivered); err != nil {
+			rows.Close()
 			return err
 		}
 		row(device, conv, epoch, delivered)
 	}
-	return rows.Err()
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	// The transaction commits at the end of the batch: only then are the
+	// merged cursors durable.
+	return br.Close()
 }

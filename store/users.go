@@ -85,11 +85,15 @@ func (s *Store) DevicesByID(ctx context.Context, ids []string) ([]Device, error)
 
 // Reinstall starts a new install of the device: install_epoch + 1 and its
 // delivery cursors deleted, in one transaction. Read positions (per user)
-// are untouched. Acks still in flight from the old install lock the device
-// row FOR SHARE, so they either finish before this or see the new epoch.
+// are untouched. It holds the device's cursor lock (see lockDevicesSQL),
+// so acks still in flight from the old install either are written before
+// this (and deleted by it) or see the new epoch.
 func (s *Store) Reinstall(ctx context.Context, id string) (int64, error) {
 	var epoch int64
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, deviceLockKey(id)); err != nil {
+			return err
+		}
 		err := tx.QueryRow(ctx, `UPDATE devices SET install_epoch = install_epoch + 1 WHERE device_id = $1 RETURNING install_epoch`, id).Scan(&epoch)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return ErrNotFound

@@ -48,13 +48,9 @@ build "$B" "$OUT/B"
 go build -o "$OUT/parley-load" ./cmd/parley-load
 echo "A = $(cat "$OUT/A/rev"), B = $(cat "$OUT/B/rev"), load: $LOAD, one-core: $ONECORE" | tee "$OUT/what.txt"
 
-base=${PARLEY_TEST_POSTGRES_URL:-postgres://parley:parley@127.0.0.1:5432/parley?sslmode=disable}
-pgpid=$(head -1 /var/run/postgresql/*-main.pid 2>/dev/null || true)
-rdpid=$(pgrep -o redis-server || true)
-cpu="redis=$rdpid"
-[ -n "$pgpid" ] && cpu="postgres=$pgpid,$cpu"
+. "$(dirname "$0")/benchenv.sh"
 # The commit and PING probes run beside every run (docs/loadtest.md).
-probes="-probe-postgres $base -probe-redis ${PARLEY_TEST_REDIS_URL:-redis://127.0.0.1:6379/0}"
+probes="-probe-postgres $base -probe-redis $redis_url"
 pin_backends() { # pin_backends CPUS: the postmaster, its children and Redis
   [ -n "$pgpid" ] || return 0
   taskset -pc "$1" "$pgpid" > /dev/null
@@ -68,7 +64,7 @@ cleanup() {
   if [ -n "$db" ]; then
     for _ in $(seq 20); do psql -q "$base" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" 2>/dev/null && break; sleep 1; done
   fi
-  [ -n "$prefix" ] && { redis-cli --scan --pattern "$prefix*" | xargs -r -n 1000 redis-cli del > /dev/null || true; }
+  [ -n "$prefix" ] && { rcli --scan --pattern "$prefix*" | xargs -r -n 1000 redis-cli -p "$redis_port" del > /dev/null || true; }
   pid= db= prefix=
 }
 trap 'cleanup; [ "$ONECORE" = 1 ] && pin_backends 0-$(($(nproc) - 1))' EXIT
@@ -83,7 +79,7 @@ run() { # run SIDE N
   local port=$((20000 + RANDOM % 12000))
   prefix="ab$RANDOM:"
   # shellcheck disable=SC2086
-  env PARLEY_POSTGRES_URL="$dburl" PARLEY_REDIS_PREFIX="$prefix" PARLEY_ADMIN_TOKEN=ab PARLEY_SEND_RATE=0 PARLEY_METRICS_LISTEN= \
+  env PARLEY_POSTGRES_URL="$dburl" PARLEY_REDIS_URL="$redis_url" PARLEY_REDIS_PREFIX="$prefix" PARLEY_ADMIN_TOKEN=ab PARLEY_SEND_RATE=0 PARLEY_METRICS_LISTEN= \
     PARLEY_LISTEN=127.0.0.1:$port PARLEY_ADMIN_LISTEN=127.0.0.1:$((port + 1)) $SERVER_ENV \
     taskset -c 0 "$OUT/$side/parleyd" > "$OUT/${side}_$n.log" 2>&1 &
   pid=$!

@@ -39,21 +39,17 @@ go build -o "$bin/parley-load" ./cmd/parley-load
   echo "date: $(date -u +%Y-%m-%dT%H:%MZ), commit $(git rev-parse --short HEAD)"
 } > "$res/machine.txt"
 
+. "$(dirname "$0")/benchenv.sh"
+
 echo "== reference ceilings"
-redis-benchmark -t incr -n 200000 -q > "$res/redis_incr_p1.txt" 2>&1
-redis-benchmark -t incr -n 1000000 -P 16 -q > "$res/redis_incr_p16.txt" 2>&1
-redis-cli del counter:__rand_int__ > /dev/null
+redis-benchmark -p "$redis_port" -t incr -n 200000 -q > "$res/redis_incr_p1.txt" 2>&1
+redis-benchmark -p "$redis_port" -t incr -n 1000000 -P 16 -q > "$res/redis_incr_p16.txt" 2>&1
+rcli del counter:__rand_int__ > /dev/null
 go test -run '^$' -bench InsertCeiling -benchtime 2s -count 3 ./store/ > "$res/pg_insert.txt" 2>&1
 
 echo "== codec"
 go test -run '^$' -bench . -benchtime 1s -count 3 ./wire/ > "$res/codec.txt" 2>&1
 
-base=${PARLEY_TEST_POSTGRES_URL:-postgres://parley:parley@127.0.0.1:5432/parley?sslmode=disable}
-redis_url=${PARLEY_TEST_REDIS_URL:-redis://127.0.0.1:6379/0}
-pgpid=$(head -1 /var/run/postgresql/*-main.pid 2>/dev/null || true)
-rdpid=$(pgrep -o redis-server || true)
-cpu="redis=$rdpid"
-[ -n "$pgpid" ] && cpu="postgres=$pgpid,$cpu"
 probes="-probe-postgres $base -probe-redis $redis_url"
 
 # pin CPUS: PostgreSQL (the postmaster and its children; later backends
@@ -76,7 +72,7 @@ serve() { # serve NAME: start parleyd on core 0
   port=$((20000 + RANDOM % 12000))
   admin=$((port + 1))
   prefix="bench$RANDOM:"
-  PARLEY_POSTGRES_URL=$dburl PARLEY_REDIS_PREFIX=$prefix PARLEY_ADMIN_TOKEN=bench PARLEY_SEND_RATE=0 PARLEY_METRICS_LISTEN= \
+  PARLEY_POSTGRES_URL=$dburl PARLEY_REDIS_URL=$redis_url PARLEY_REDIS_PREFIX=$prefix PARLEY_ADMIN_TOKEN=bench PARLEY_SEND_RATE=0 PARLEY_METRICS_LISTEN= \
     PARLEY_LISTEN=127.0.0.1:$port PARLEY_ADMIN_LISTEN=127.0.0.1:$admin \
     taskset -c 0 "$bin/parleyd" > "$res/parleyd_$1.log" 2>&1 &
   pid=$!
@@ -95,7 +91,7 @@ unserve() {
     psql -q "$base" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" 2>/dev/null && break
     sleep 1
   done
-  redis-cli --scan --pattern "$prefix*" | xargs -r -n 1000 redis-cli del > /dev/null || true
+  rcli --scan --pattern "$prefix*" | xargs -r -n 1000 redis-cli -p "$redis_port" del > /dev/null || true
   pid=
 }
 trap 'unserve; pin 0-$(($(nproc) - 1))' EXIT
