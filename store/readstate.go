@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"math"
+	"slices"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // Read positions: one per (user, conversation), max-merged, capped at the
@@ -30,13 +33,18 @@ type ReadResult struct {
 
 // markReadsSQL merges a batch of read reports (one per (user, conv)) in one
 // statement: each is capped at the end of the user's last membership period
-// and max-merged (GREATEST), so it never goes back; unread is derived for
-// the merged value. parley_unread_of sees the statement's snapshot, which
-// does not include the upsert, so it is given the merged value explicitly.
+// and max-merged, so it never goes back; unread is derived for the merged
+// value. It runs after lockReadersSQL has taken the batch's users' read
+// locks, so its snapshot sees their read positions exactly (every write of
+// a read position holds its user's lock): it raises (UPDATE) or adds
+// (INSERT) only the positions that move. An upsert wrote a WAL record per
+// row only to lock it, and rewrote positions that did not move.
+// parley_unread_of sees the statement's snapshot, which does not include
+// the writes, so it is given the merged value explicitly.
 const markReadsSQL = `
 WITH input AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY AS i(usr, conv, seq, idx)
-), facts AS (
+), facts AS MATERIALIZED (
     SELECT i.*,
            (SELECT coalesce(max(e.seq), 0) FROM events e
              WHERE e.conv_key = (SELECT c.conv_key FROM conversations c WHERE c.conv_id = i.conv)) AS head,
@@ -45,15 +53,33 @@ WITH input AS (
       FROM input i
       CROSS JOIN LATERAL (SELECT count(*) AS n, coalesce(max(coalesce(m.to_seq, $4)), 0) AS last_to
                             FROM membership_periods m WHERE m.conv_id = i.conv AND m.user_id = i.usr) p
-), up AS (
+), want AS MATERIALIZED (
+    SELECT usr, conv, prev, least(seq, last_to) AS target FROM facts WHERE n > 0 AND seq <= head
+), raised AS (
+    UPDATE read_positions r SET read_seq = w.target
+      FROM want w WHERE r.user_id = w.usr AND r.conv_id = w.conv AND w.prev < w.target
+), added AS (
     INSERT INTO read_positions (user_id, conv_id, read_seq)
-    SELECT usr, conv, least(seq, last_to) FROM facts WHERE n > 0 AND seq <= head ORDER BY usr, conv
-    ON CONFLICT (user_id, conv_id) DO UPDATE SET read_seq = GREATEST(read_positions.read_seq, EXCLUDED.read_seq)
-    RETURNING user_id, conv_id, read_seq
+    SELECT usr, conv, target FROM want WHERE prev IS NULL
 )
-SELECT f.idx, f.n, f.head, up.read_seq, f.prev, coalesce(u.unread, 0)
-  FROM facts f LEFT JOIN up ON up.user_id = f.usr AND up.conv_id = f.conv
-  LEFT JOIN LATERAL parley_unread_of(f.conv, f.usr, up.read_seq) u ON up.read_seq IS NOT NULL`
+SELECT f.idx, f.n, f.head, w.merged, f.prev, coalesce(u.unread, 0)
+  FROM facts f
+  LEFT JOIN (SELECT usr, conv, greatest(coalesce(prev, target), target) AS merged FROM want) w ON w.usr = f.usr AND w.conv = f.conv
+  LEFT JOIN LATERAL parley_unread_of(f.conv, f.usr, w.merged) u ON w.merged IS NOT NULL`
+
+// lockReadersSQL takes the read locks of users ($1: readLockKeys), until
+// the end of the transaction.
+const lockReadersSQL = `SELECT count(pg_advisory_xact_lock(k)) FROM unnest($1::bigint[]) k`
+
+// readLockKeys returns the read lock keys of users, sorted and distinct.
+func readLockKeys(users []string) []int64 {
+	keys := make([]int64, len(users))
+	for i, u := range users {
+		keys[i] = changeLockKey("read\x00" + u)
+	}
+	slices.Sort(keys)
+	return slices.Compact(keys)
+}
 
 // MarkReads max-merges a batch of read reports in one statement (group
 // commit). Reports of one batch for the same (user, conv) are merged first.
@@ -103,15 +129,23 @@ func (s *Store) MarkReads(ctx context.Context, ups []ReadUpdate) ([]ReadResult, 
 }
 
 func (s *Store) markReads(ctx context.Context, users, convs []string, seqs []int64, out []ReadResult) error {
-	rows, err := s.pool.Query(ctx, markReadsSQL, users, convs, seqs, int64(math.MaxInt64))
+	b := &pgx.Batch{}
+	b.Queue(lockReadersSQL, readLockKeys(users))
+	b.Queue(markReadsSQL, users, convs, seqs, int64(math.MaxInt64))
+	br := s.pool.SendBatch(ctx, b)
+	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return err
+	}
+	rows, err := br.Query()
 	if err != nil {
 		return err
 	}
-	defer rows.Close()
 	for rows.Next() {
 		var idx, n, head, unread int64
 		var read, prev *int64
 		if err := rows.Scan(&idx, &n, &head, &read, &prev, &unread); err != nil {
+			rows.Close()
 			return err
 		}
 		r := &out[idx-1]
@@ -124,5 +158,11 @@ func (s *Store) markReads(ctx context.Context, users, convs []string, seqs []int
 			*r = ReadResult{Read: *read, Unread: unread, Advanced: *read > 0 && (prev == nil || *read > *prev)}
 		}
 	}
-	return rows.Err()
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	// The transaction commits at the end of the batch: only then are the
+	// merged positions durable.
+	return br.Close()
 }
