@@ -16,7 +16,11 @@ import (
 // callers cannot deadlock), and the second statement's snapshot is taken
 // after that: no recall of these conversations can commit in between, so
 // each message is counted in its bucket exactly when the watermark passes
-// it, as it is at that moment.
+// it, as it is at that moment. Every write of a conversation's buckets
+// holds that row lock, so the snapshot sees them exactly too: existing
+// buckets are raised with a plain UPDATE and new ones inserted (an upsert
+// wrote two more WAL records per bucket, to lock the row and to confirm
+// the speculative insert).
 func (s *Store) AdvanceDense(ctx context.Context, convs []string) error {
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT 1 FROM conversations WHERE conv_id = ANY($1) ORDER BY conv_id FOR UPDATE`, convs); err != nil {
@@ -29,9 +33,8 @@ WITH d AS (
                                                FROM events e WHERE e.conv_key = c.conv_key AND e.seq > c.dense_seq) t
                       WHERE t.k = c.dense_seq), c.dense_seq) AS d1
       FROM conversations c WHERE c.conv_id = ANY($1)
-), counted AS (
-    INSERT INTO own_msg_buckets (conv_id, sender, bucket, n)
-    SELECT d.conv_id, x.sender, x.bucket, x.n
+), x AS MATERIALIZED (
+    SELECT d.conv_id, x.sender, x.bucket, x.n, b.n IS NOT NULL AS known
       FROM d CROSS JOIN unread_settings s
       -- LATERAL: each conversation's new seqs by index; a plain join let
       -- the planner scan every message of the table, growing with it.
@@ -40,9 +43,14 @@ WITH d AS (
                            WHERE e.conv_key = d.conv_key AND e.seq > d.d0 AND e.seq <= d.d1
                              AND e.kind = 1 AND e.recalled_by IS NULL
                            GROUP BY 1, 2) x
+      LEFT JOIN own_msg_buckets b ON b.conv_id = d.conv_id AND b.sender = x.sender AND b.bucket = x.bucket
      WHERE d.d1 > d.d0
-     ORDER BY 1, 2, 3
-    ON CONFLICT (conv_id, sender, bucket) DO UPDATE SET n = own_msg_buckets.n + EXCLUDED.n
+), raised AS (
+    UPDATE own_msg_buckets b SET n = b.n + x.n
+      FROM x WHERE x.known AND b.conv_id = x.conv_id AND b.sender = x.sender AND b.bucket = x.bucket
+), added AS (
+    INSERT INTO own_msg_buckets (conv_id, sender, bucket, n)
+    SELECT conv_id, sender, bucket, n FROM x WHERE NOT x.known
 )
 UPDATE conversations c SET dense_seq = d.d1 FROM d WHERE c.conv_id = d.conv_id AND d.d1 > d.d0`, convs)
 		return err
