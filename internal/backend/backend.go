@@ -38,7 +38,9 @@ var ErrUnavailable = errors.New("backend unavailable")
 //     or 57014 (statement timeout);
 //   - go-redis: a pool timeout or exhausted, a closed client, and the replies of a
 //     server that cannot serve now (LOADING, CLUSTERDOWN, TRYAGAIN,
-//     MASTERDOWN, READONLY during a failover, max clients).
+//     MASTERDOWN, READONLY during a failover, max clients, and NOSCRIPT:
+//     the script did not run, on a node that lost its scripts, such as a
+//     replica promoted by a failover before they were loaded again).
 func IsUnavailable(err error) bool {
 	if err == nil {
 		return false
@@ -59,6 +61,10 @@ func IsUnavailable(err error) bool {
 	if errors.As(err, &pgErr) {
 		c := pgErr.Code
 		return strings.HasPrefix(c, "08") || strings.HasPrefix(c, "53") || strings.HasPrefix(c, "57P") || c == "57014"
+	}
+	var redisErr redis.Error
+	if errors.As(err, &redisErr) && strings.HasPrefix(redisErr.Error(), "NOSCRIPT ") {
+		return true
 	}
 	return errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrPoolExhausted) || errors.Is(err, redis.ErrClosed) ||
 		redis.IsLoadingError(err) || redis.IsClusterDownError(err) || redis.IsTryAgainError(err) ||

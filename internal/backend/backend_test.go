@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/parley-im/parley/internal/backend"
+	"github.com/parley-im/parley/test/testenv"
 )
 
 // TestIsUnavailable: typed failures of a backend that is down or slow are
@@ -81,5 +82,30 @@ func TestIsUnavailableRealFailures(t *testing.T) {
 	pool.Close()
 	if _, err := pool.Exec(ctx, "SELECT 1"); !backend.IsUnavailable(err) {
 		t.Errorf("closed pool: %T %v is not unavailability", err, err)
+	}
+}
+
+// TestIsUnavailableNoScript: a NOSCRIPT reply (the script did not run: a
+// node that lost its scripts, say a replica just promoted) is
+// unavailability; the same words in an error of another type are not.
+func TestIsUnavailableNoScript(t *testing.T) {
+	url, _ := testenv.Redis(t)
+	opt, err := redis.ParseURL(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(opt)
+	defer rdb.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err = rdb.EvalSha(ctx, "0000000000000000000000000000000000000000", nil).Err()
+	if err == nil || !backend.IsUnavailable(err) {
+		t.Errorf("EVALSHA of a script Redis does not have: %T %v is not unavailability", err, err)
+	}
+	if backend.IsUnavailable(fmt.Errorf("seq: %w", err)) != true {
+		t.Errorf("wrapped NOSCRIPT is not unavailability")
+	}
+	if backend.IsUnavailable(errors.New("NOSCRIPT No matching script")) {
+		t.Errorf("a plain error saying NOSCRIPT is unavailability")
 	}
 }
