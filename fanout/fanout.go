@@ -180,8 +180,8 @@ type pendingDense struct {
 // above it, or its oldest is denseMaxAge old. Every advance of a
 // conversation writes its conversations row and its senders' bucket rows
 // (WAL, dead tuples), whatever the number of events it passes: advancing
-// every second a conversation that gets one message a second wrote about
-// 300 bytes of WAL per message. Below the watermark unread counting is a
+// every second a conversation that gets a message a second wrote those
+// rows once per message. Below the watermark unread counting is a
 // subtraction; above it, the events are counted one by one, which stays
 // cheap for this many.
 const (
