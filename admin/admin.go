@@ -5,6 +5,7 @@
 package admin
 
 import (
+	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/parley-im/parley/cursor"
 	"github.com/parley-im/parley/eventlog"
+	"github.com/parley-im/parley/fanout"
 	"github.com/parley-im/parley/internal/backend"
 	"github.com/parley-im/parley/store"
 	"github.com/parley-im/parley/wire"
@@ -30,24 +32,39 @@ const MaxBulk = 100000
 // ModeFunc names the fan-out tier of a conversation with n members.
 type ModeFunc func(n int64) string
 
+// Notify tells every gateway of a device or user lifecycle change
+// (fanout.Bus.Lifecycle).
+type Notify func(ctx context.Context, l fanout.Lifecycle) error
+
+// Connected returns which of user's devices have a live connection.
+type Connected func(ctx context.Context, user string) (map[string]bool, error)
+
 // API serves the admin endpoints.
 type API struct {
 	// Static after construction.
-	token   string
-	st      *store.Store
-	log     *eventlog.Log
-	cursors *cursor.Cursors
-	mode    ModeFunc
-	logger  *slog.Logger
-	mux     *http.ServeMux
+	notify    Notify
+	connected Connected
+	token     string
+	st        *store.Store
+	log       *eventlog.Log
+	cursors   *cursor.Cursors
+	mode      ModeFunc
+	logger    *slog.Logger
+	mux       *http.ServeMux
 }
 
-// New returns the handler.
-func New(token string, st *store.Store, log *eventlog.Log, cursors *cursor.Cursors, mode ModeFunc, logger *slog.Logger) *API {
-	a := &API{token: token, st: st, log: log, cursors: cursors, mode: mode, logger: logger, mux: http.NewServeMux()}
+// New returns the handler. notify carries lifecycle changes to the
+// gateways; connected answers GET /v1/users/{id}'s connected flags.
+func New(token string, st *store.Store, log *eventlog.Log, cursors *cursor.Cursors, mode ModeFunc, notify Notify, connected Connected, logger *slog.Logger) *API {
+	a := &API{token: token, st: st, log: log, cursors: cursors, mode: mode, notify: notify, connected: connected, logger: logger, mux: http.NewServeMux()}
 	a.mux.HandleFunc("POST /v1/users", a.createUser)
 	a.mux.HandleFunc("POST /v1/devices", a.createDevice)
 	a.mux.HandleFunc("POST /v1/devices/{id}/reinstall", a.reinstall)
+	a.mux.HandleFunc("DELETE /v1/devices/{id}", a.revokeDevice)
+	a.mux.HandleFunc("POST /v1/devices/{id}/token", a.rotateToken)
+	a.mux.HandleFunc("POST /v1/users/{id}/suspend", a.suspend)
+	a.mux.HandleFunc("POST /v1/users/{id}/unsuspend", a.unsuspend)
+	a.mux.HandleFunc("GET /v1/users/{id}", a.getUser)
 	a.mux.HandleFunc("POST /v1/conversations", a.createConversation)
 	a.mux.HandleFunc("POST /v1/conversations/{id}/members", a.addMembers)
 	a.mux.HandleFunc("DELETE /v1/conversations/{id}/members/{user}", a.removeMember)
@@ -206,11 +223,8 @@ func (a *API) newDevices(w http.ResponseWriter, r *http.Request, reqs []deviceRe
 			writeError(w, http.StatusBadRequest, wire.BadRequest, "user is required")
 			return nil, false
 		}
-		var raw [24]byte
-		_, _ = rand.Read(raw[:])
-		token := hex.EncodeToString(raw[:])
-		sum := sha256.Sum256([]byte(token))
-		devs[i] = store.Device{ID: d.ID, User: d.User, TokenSHA256: sum[:]}
+		token, sum := newToken()
+		devs[i] = store.Device{ID: d.ID, User: d.User, TokenSHA256: sum}
 		out[i] = deviceResp{ID: d.ID, User: d.User, Token: token}
 	}
 	if err := a.st.CreateDevices(r.Context(), devs); err != nil {
@@ -218,6 +232,15 @@ func (a *API) newDevices(w http.ResponseWriter, r *http.Request, reqs []deviceRe
 		return nil, false
 	}
 	return out, true
+}
+
+// newToken returns a fresh static device token and its SHA-256.
+func newToken() (string, []byte) {
+	var raw [24]byte
+	_, _ = rand.Read(raw[:])
+	token := hex.EncodeToString(raw[:])
+	sum := sha256.Sum256([]byte(token))
+	return token, sum[:]
 }
 
 func (a *API) reinstall(w http.ResponseWriter, r *http.Request) {

@@ -115,6 +115,11 @@ var (
 	// ErrServerShutdown: the server closed the connection because it is
 	// shutting down ({t:"kick", reason:"shutdown"}). The client reconnects.
 	ErrServerShutdown = errors.New("client: server shutting down")
+	// ErrRevoked: the device was revoked or its token rotated (kick
+	// "revoked"); the client stops: the app must log in again.
+	ErrRevoked = errors.New("client: the device was revoked")
+	// ErrSuspended: the user was suspended (kick "suspended"); the client stops.
+	ErrSuspended = errors.New("client: the user is suspended")
 	// ErrNotConnected: a sync was asked for while no connection is up.
 	ErrNotConnected = errors.New("client: not connected")
 
@@ -161,6 +166,16 @@ type Options struct {
 	Device string // device id
 	Token  string // the device's token
 
+	// JWT, if set, authenticates with the JSON Web Token it returns
+	// instead of Device and Token (docs/auth.md). It is called for every
+	// connection, and again RefreshBefore ahead of the session's
+	// expires_at to refresh it in place; it should return a token with a
+	// later exp each time (e.g. from the app's login server).
+	JWT func(ctx context.Context) (string, error)
+	// RefreshBefore is how long before expires_at a JWT session is
+	// refreshed (default 1 min, at most half the session's life).
+	RefreshBefore time.Duration
+
 	// RequestTimeout bounds each request attempt (and dial + auth).
 	// Default 10 s.
 	RequestTimeout time.Duration
@@ -195,7 +210,8 @@ type Options struct {
 	OnReadChanged func(conv string, read, unread int64)
 	// OnState receives every state change. err says why for Disconnected
 	// (the connection's error, or ErrServerShutdown) and for Closed
-	// (ErrReplaced, the AUTH_FAILED *wire.Error, or nil after Close).
+	// (ErrReplaced, ErrRevoked, ErrSuspended, the AUTH_FAILED or
+	// SUSPENDED *wire.Error, or nil after Close).
 	OnState func(st State, err error)
 
 	// AutoAck acks each conversation's cursor after OnEvent has returned

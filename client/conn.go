@@ -50,6 +50,18 @@ type DialOptions struct {
 
 // Dial connects to addr and authenticates as device with token.
 func Dial(ctx context.Context, addr, device, token string, opt DialOptions) (*Conn, error) {
+	return dial(ctx, addr, wire.Request{T: wire.TAuth, Device: device, Token: token}, opt)
+}
+
+// DialJWT connects to addr and authenticates with a JSON Web Token (its
+// sub is the user, its device claim the device; docs/auth.md). The
+// connection lives until the token's exp (Auth.ExpiresAt, Unix ms)
+// unless Refresh extends it.
+func DialJWT(ctx context.Context, addr, jwt string, opt DialOptions) (*Conn, error) {
+	return dial(ctx, addr, wire.Request{T: wire.TAuth, JWT: jwt}, opt)
+}
+
+func dial(ctx context.Context, addr string, auth wire.Request, opt DialOptions) (*Conn, error) {
 	d := opt.Dialer
 	if d == nil {
 		d = &net.Dialer{}
@@ -59,13 +71,21 @@ func Dial(ctx context.Context, addr, device, token string, opt DialOptions) (*Co
 		return nil, err
 	}
 	c := NewConn(nc, opt)
-	auth, err := c.Do(ctx, wire.Request{T: wire.TAuth, Device: device, Token: token})
+	ok, err := c.Do(ctx, auth)
 	if err != nil {
 		c.Close()
 		return nil, err
 	}
-	c.Auth = auth
+	c.Auth = ok
 	return c, nil
+}
+
+// Refresh hands the server a new JWT of the same user and device; the
+// reply's ExpiresAt is the connection's new end. A refused refresh
+// (AUTH_FAILED, TOKEN_EXPIRED) leaves the connection open until its
+// current end.
+func (c *Conn) Refresh(ctx context.Context, jwt string) (wire.Message, error) {
+	return c.Do(ctx, wire.Request{T: wire.TRefresh, JWT: jwt})
 }
 
 // NewConn wraps an established connection without authenticating (tests

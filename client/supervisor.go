@@ -25,9 +25,9 @@ func (c *Client) supervise() {
 			}
 			delay := c.backoff(attempt)
 			switch we, _ := wire.AsError(err); {
-			case we != nil && we.Code == wire.AuthFailed:
+			case we != nil && (we.Code == wire.AuthFailed || we.Code == wire.Suspended):
 				// Retrying a bad token cannot help; the app must
-				// re-provision the device.
+				// re-provision the device (or the user be unsuspended).
 				c.stop(err)
 				return
 			case we != nil && we.Code == wire.RateLimited:
@@ -57,12 +57,19 @@ func (c *Client) supervise() {
 		c.firstUpOnce.Do(func() { close(c.firstUp) })
 		c.wakeAcker()
 
+		refreshed := make(chan struct{})
+		if c.opt.JWT != nil {
+			go func() { defer close(refreshed); c.refreshLoop(conn) }()
+		} else {
+			close(refreshed)
+		}
 		select {
 		case <-conn.Done():
 		case <-c.closing:
 		}
 		c.setConn(nil)
 		conn.Close()
+		<-refreshed
 		if c.isClosing() {
 			return
 		}
@@ -72,6 +79,16 @@ func (c *Client) supervise() {
 			c.log.Info("replaced by another connection of this device; not reconnecting")
 			c.stop(ErrReplaced)
 			return
+		case wire.KickRevoked:
+			c.log.Info("the device was revoked; not reconnecting")
+			c.stop(ErrRevoked)
+			return
+		case wire.KickSuspended:
+			c.log.Info("the user is suspended; not reconnecting")
+			c.stop(ErrSuspended)
+			return
+		case wire.KickExpired:
+			why = fmt.Errorf("client: the session's token expired")
 		case wire.KickShutdown:
 			why = ErrServerShutdown
 		case "":
@@ -130,8 +147,62 @@ func (c *Client) dial() (*Conn, *session, error) {
 	s := &session{c: c}
 	ctx, cancel := context.WithTimeout(c.ctx, c.opt.RequestTimeout)
 	defer cancel()
-	conn, err := Dial(ctx, c.opt.Addr, c.opt.Device, c.opt.Token, DialOptions{OnServerFrame: s.onFrame, Dialer: c.opt.Dialer})
+	opt := DialOptions{OnServerFrame: s.onFrame, Dialer: c.opt.Dialer}
+	if c.opt.JWT != nil {
+		jwt, err := c.opt.JWT(ctx)
+		if err != nil {
+			return nil, s, fmt.Errorf("client: getting a JWT: %w", err)
+		}
+		conn, err := DialJWT(ctx, c.opt.Addr, jwt, opt)
+		return conn, s, err
+	}
+	conn, err := Dial(ctx, c.opt.Addr, c.opt.Device, c.opt.Token, opt)
 	return conn, s, err
+}
+
+// refreshLoop refreshes a JWT session RefreshBefore ahead of its
+// expires_at until the connection ends. A failed refresh is tried again
+// (after a short backoff) until the session ends; the supervisor then
+// reconnects with a new token.
+func (c *Client) refreshLoop(conn *Conn) {
+	if conn.Auth.ExpiresAt == 0 {
+		return // the server did not say when the session ends
+	}
+	exp := time.UnixMilli(conn.Auth.ExpiresAt)
+	for fails := 0; ; {
+		before := c.opt.RefreshBefore
+		if before <= 0 {
+			before = time.Minute
+		}
+		wait := time.Until(exp.Add(-before))
+		if half := time.Until(exp) / 2; wait < half {
+			wait = half // never refresh a fresh session in a loop
+		}
+		if fails > 0 {
+			wait = min(c.backoff(fails), time.Until(exp))
+		}
+		t := time.NewTimer(max(wait, 0))
+		select {
+		case <-t.C:
+		case <-conn.Done():
+			t.Stop()
+			return
+		}
+		ctx, cancel := context.WithTimeout(c.ctx, c.opt.RequestTimeout)
+		jwt, err := c.opt.JWT(ctx)
+		var r wire.Message
+		if err == nil {
+			r, err = conn.Refresh(ctx, jwt)
+		}
+		cancel()
+		if err != nil {
+			fails++
+			c.log.Warn("refreshing the session's JWT", "err", err)
+			continue
+		}
+		fails = 0
+		exp = time.UnixMilli(r.ExpiresAt)
+	}
 }
 
 // backoff returns the delay before retry number attempt (from 0): full

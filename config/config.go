@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"reflect"
 	"strconv"
@@ -76,6 +77,23 @@ type Config struct {
 	// AuthBurst is how many auth requests may arrive at once before
 	// AuthRate applies.
 	AuthBurst int `yaml:"auth_burst" default:"5000"`
+	// AddrMaxConns is how many connections one client address may hold
+	// open at this gateway; more are answered RATE_LIMITED and closed. 0
+	// disables the limit. Addresses in AddrLimitExempt are not limited.
+	AddrMaxConns int `yaml:"addr_max_conns" default:"1000"`
+	// AddrAuthRate is how many auth requests a second one client address
+	// may make at this gateway (checked before auth_rate, so one address
+	// cannot use up auth_rate for everyone); over it and AddrAuthBurst,
+	// auth is answered RATE_LIMITED and the connection closed. 0 disables it.
+	AddrAuthRate int `yaml:"addr_auth_rate" default:"50"`
+	// AddrAuthBurst is how many auth requests one address may make at once
+	// before AddrAuthRate applies.
+	AddrAuthBurst int `yaml:"addr_auth_burst" default:"200"`
+	// AddrLimitExempt is a comma-separated list of CIDR prefixes whose
+	// addresses the per-address limits do not apply to (by default the
+	// loopback addresses: local tools and a local proxy that does not send
+	// the PROXY protocol). Empty: every address is limited.
+	AddrLimitExempt string `yaml:"addr_limit_exempt" default:"127.0.0.0/8,::1/128"`
 	// IdleTimeout closes a connection that sent nothing for this long.
 	IdleTimeout time.Duration `yaml:"idle_timeout" default:"90s"`
 	// RequestTimeout bounds the work of one request against the stores.
@@ -151,6 +169,29 @@ type Config struct {
 	// FanoutClaimIdle: a fan-out stream entry that a worker took but did
 	// not finish for this long (the worker died) is claimed by another.
 	FanoutClaimIdle time.Duration `yaml:"fanout_claim_idle" default:"10s"`
+
+	// JWTHMACSecret enables JWT auth with HS256 tokens signed with this
+	// secret (docs/auth.md).
+	JWTHMACSecret string `yaml:"jwt_hmac_secret" default:""`
+	// JWTJWKSURL enables JWT auth with RS256, ES256 and EdDSA tokens whose
+	// keys (by kid) this JWKS document serves; an unknown kid fetches it
+	// again, at most once per 30 s.
+	JWTJWKSURL string `yaml:"jwt_jwks_url" default:""`
+	// JWTPublicKeyFile enables JWT auth with tokens signed by the key of
+	// this PEM public key file (RSA: RS256, ECDSA P-256: ES256, Ed25519:
+	// EdDSA).
+	JWTPublicKeyFile string `yaml:"jwt_public_key_file" default:""`
+	// JWTIssuer, when set, must be every token's iss.
+	JWTIssuer string `yaml:"jwt_issuer" default:""`
+	// JWTAudience, when set, must be in every token's aud.
+	JWTAudience string `yaml:"jwt_audience" default:""`
+	// JWTDeviceClaim is the claim that holds the device id (sub holds the
+	// user id).
+	JWTDeviceClaim string `yaml:"jwt_device_claim" default:"did"`
+	// JWTAutoProvision creates the user and device of a valid JWT that
+	// names ones that do not exist (install_epoch 0); false: such a token
+	// is refused with AUTH_FAILED.
+	JWTAutoProvision bool `yaml:"jwt_auto_provision" default:"true"`
 
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `yaml:"log_level" default:"info"`
@@ -232,10 +273,35 @@ func (c Config) Validate() error {
 	if c.AuthRate < 0 || c.AuthBurst < 0 || (c.AuthRate > 0 && c.AuthBurst < 1) {
 		errs = append(errs, errors.New("auth_rate must be at least 0, and auth_burst at least 1 when auth_rate is set"))
 	}
+	if c.AddrMaxConns < 0 || c.AddrAuthRate < 0 || c.AddrAuthBurst < 0 || (c.AddrAuthRate > 0 && c.AddrAuthBurst < 1) {
+		errs = append(errs, errors.New("addr_max_conns and addr_auth_rate must be at least 0, and addr_auth_burst at least 1 when addr_auth_rate is set"))
+	}
+	if _, err := c.ExemptPrefixes(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.JWTDeviceClaim == "" {
+		errs = append(errs, errors.New("jwt_device_claim must not be empty"))
+	}
 	if c.SnapshotTail < 1 || c.SnapshotFullMax < c.SnapshotTail {
 		errs = append(errs, errors.New("need 1 <= snapshot_tail <= snapshot_full_max"))
 	}
 	return errors.Join(errs...)
+}
+
+// ExemptPrefixes parses AddrLimitExempt.
+func (c Config) ExemptPrefixes() ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, f := range strings.Split(c.AddrLimitExempt, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(f)
+		if err != nil {
+			return nil, fmt.Errorf("addr_limit_exempt: %w", err)
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
 }
 
 // Keys lists every key with its default, in declaration order (used by the

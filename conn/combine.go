@@ -198,4 +198,30 @@ func (g *Gateway) initCombiners() {
 		},
 		sizes: g.metrics.combined.WithLabelValues("auth"),
 	}
+	g.provisions = combiner[store.NewLogin, deviceLookup]{
+		g: g, workers: combineWorkers, max: authBatch,
+		run: func(ctx context.Context, ls []store.NewLogin) ([]deviceLookup, error) {
+			if err := g.deps.Store.ProvisionDevices(ctx, ls); err != nil {
+				return nil, err
+			}
+			ids := make([]string, len(ls))
+			for i, l := range ls {
+				ids[i] = l.Device
+			}
+			devs, err := g.deps.Store.DevicesByID(ctx, ids)
+			if err != nil {
+				return nil, err
+			}
+			byID := make(map[string]store.Device, len(devs))
+			for _, d := range devs {
+				byID[d.ID] = d
+			}
+			out := make([]deviceLookup, len(ls))
+			for i, l := range ls {
+				out[i].dev, out[i].found = byID[l.Device]
+			}
+			return out, nil
+		},
+		sizes: g.metrics.combined.WithLabelValues("provision"),
+	}
 }

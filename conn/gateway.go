@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -23,6 +24,7 @@ import (
 	"github.com/parley-im/parley/cursor"
 	"github.com/parley-im/parley/eventlog"
 	"github.com/parley-im/parley/fanout"
+	"github.com/parley-im/parley/jwtauth"
 	"github.com/parley-im/parley/route"
 	"github.com/parley-im/parley/store"
 	"github.com/parley-im/parley/wire"
@@ -45,6 +47,9 @@ type Deps struct {
 	Online func(ctx context.Context, user, device string, token int64) error
 	// Notify sends a frame to the user's online devices but one.
 	Notify func(ctx context.Context, user, exceptDevice string, frame []byte) error
+	// JWT verifies the tokens of auth {jwt} and refresh (nil: JWT auth is
+	// off, and both are answered AUTH_FAILED).
+	JWT *jwtauth.Verifier
 }
 
 // Gateway is the gnet event handler and the registry of its sessions.
@@ -60,9 +65,12 @@ type Gateway struct {
 	eng     gnet.Engine // set before booted is closed
 
 	authLimit *authLimiter // static; nil when auth_rate is 0
+	addrs     *addrLimits  // static: addr_max_conns, addr_auth_rate
+	notices   notices      // recent revocations and suspensions (lifecycle.go)
 	// Reads of many connections answered together (combine.go).
-	snapshots combiner[store.SnapshotQuery, []store.SnapshotItem]
-	lookups   combiner[string, deviceLookup] // auth: device id -> row
+	snapshots  combiner[store.SnapshotQuery, []store.SnapshotItem]
+	lookups    combiner[string, deviceLookup]         // auth: device id -> row
+	provisions combiner[store.NewLogin, deviceLookup] // JWT auth: create the user and device if new
 
 	coalesce coalescer // sessions with coalesced pushes to flush
 	held     heldAcks  // sessions holding rid-less acks (ack_coalesce)
@@ -78,9 +86,14 @@ type Gateway struct {
 
 // New returns a gateway; Run serves it.
 func New(cfg config.Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) *Gateway {
+	exempt, err := cfg.ExemptPrefixes()
+	if err != nil { // Validate refuses such a config
+		log.Error("ignoring addr_limit_exempt", "err", err)
+	}
 	g := &Gateway{
 		cfg: cfg, deps: deps, log: log, metrics: newMetrics(reg),
 		authLimit: newAuthLimiter(cfg.AuthRate, cfg.AuthBurst),
+		addrs:     newAddrLimits(cfg.AddrMaxConns, cfg.AddrAuthRate, cfg.AddrAuthBurst, exempt),
 		booted:    make(chan struct{}), stopping: make(chan struct{}),
 		sessions: map[*Session]struct{}{}, devices: map[string]*Session{},
 	}
@@ -172,12 +185,34 @@ func (g *Gateway) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 	default:
 	}
 	s := newSession(g, c)
+	s.addr = addrOf(c.RemoteAddr()) // the client's address (a PROXY protocol header may name another)
 	c.SetContext(s)
 	g.mu.Lock()
 	g.sessions[s] = struct{}{}
 	g.mu.Unlock()
 	g.metrics.connections.Inc()
+	g.countAddr(s)
 	return nil, gnet.None
+}
+
+// countAddr counts the connection under its client address (addr_max_conns),
+// moving it from the address it was counted under before, if that
+// changed. Over the limit, the connection is refused (RATE_LIMITED, and
+// closed) and it returns false. Runs on the event loop.
+func (g *Gateway) countAddr(s *Session) bool {
+	if s.counted == s.addr {
+		return true
+	}
+	g.addrs.close(s.counted)
+	var ok bool
+	if s.counted, ok = g.addrs.open(s.addr); ok {
+		return true
+	}
+	g.metrics.refusals.WithLabelValues("addr_conns").Inc()
+	g.metrics.errors.WithLabelValues(string(wire.RateLimited)).Inc()
+	s.fail("", &wire.Error{Code: wire.RateLimited, RetryAfterMs: 1000,
+		Msg: fmt.Sprintf("this address holds %d connections, addr_max_conns", g.cfg.AddrMaxConns)})
+	return false
 }
 
 // OnClose unregisters the session and its route.
@@ -187,6 +222,9 @@ func (g *Gateway) OnClose(c gnet.Conn, _ error) gnet.Action {
 		return gnet.None
 	}
 	s.closed.Store(true)
+	s.stopExpiry()
+	g.addrs.close(s.counted)
+	s.counted = netip.Addr{}
 	g.mu.Lock()
 	delete(g.sessions, s)
 	if s.authed.Load() && g.devices[s.device] == s {
@@ -276,8 +314,21 @@ func (g *Gateway) OnTraffic(c gnet.Conn) gnet.Action {
 				s.fail(req.Rid, wire.Errorf(wire.Unauthenticated, "the first frame must be auth"))
 				return gnet.None
 			}
-			// The gateway's auth rate, checked here on the loop: a refused
-			// auth costs no goroutine and no database lookup.
+			// The client's address is final now (after any PROXY protocol
+			// header): count the connection under it.
+			if !g.countAddr(s) {
+				return gnet.None
+			}
+			// The address's auth rate, then the gateway's, checked here on
+			// the loop: a refused auth costs no goroutine and no database
+			// lookup, and one address cannot use up the gateway's rate.
+			if wait, ok := g.addrs.admitAuth(s.addr, now); !ok {
+				g.metrics.refusals.WithLabelValues("addr_auth_rate").Inc()
+				g.metrics.errors.WithLabelValues(string(wire.RateLimited)).Inc()
+				s.fail(req.Rid, &wire.Error{Code: wire.RateLimited, RetryAfterMs: wait.Milliseconds(),
+					Msg: "too many auths from this address; reconnect after retry_after_ms"})
+				return gnet.None
+			}
 			if wait, ok := g.authLimit.admit(time.Now()); !ok {
 				g.metrics.refusals.WithLabelValues("auth_rate").Inc()
 				g.metrics.errors.WithLabelValues(string(wire.RateLimited)).Inc()
@@ -311,6 +362,8 @@ func (g *Gateway) OnTick() (time.Duration, gnet.Action) {
 		}
 	}
 	g.mu.RUnlock()
+	g.addrs.prune(now)
+	g.notices.prune(now)
 	for _, s := range expired {
 		if !s.authed.Load() {
 			s.fail("", wire.Errorf(wire.Unauthenticated, "no auth within %s", g.cfg.AuthTimeout))

@@ -26,6 +26,11 @@ func (g *Gateway) handle(s *Session, req *wire.Request, start time.Time) {
 	if req.T != wire.TAuth && !s.authed.Load() {
 		return // auth failed or is being refused; the connection is closing
 	}
+	if s.expired(time.Now()) {
+		// The JWT expired (its timer may not have fired yet): serve nothing more.
+		s.checkExpiry()
+		return
+	}
 	// Sends, acks and reads are answered asynchronously, after their group
 	// commit; they carry their own deadline into the commit queue.
 	switch req.T {
@@ -46,6 +51,8 @@ func (g *Gateway) handle(s *Session, req *wire.Request, start time.Time) {
 		g.answer(s, req, nil, wire.Pong{T: wire.TPong, Rid: req.Rid, Ts: time.Now().UnixMilli()})
 	case wire.TAuth:
 		g.auth(ctx, s, req)
+	case wire.TRefresh:
+		g.refresh(ctx, s, req)
 	case wire.TConvCreate:
 		g.convCreate(ctx, s, req)
 	case wire.TMembersAdd:
@@ -120,20 +127,26 @@ func (g *Gateway) wireError(s *Session, req *wire.Request, err error) *wire.Erro
 }
 
 func (g *Gateway) auth(ctx context.Context, s *Session, req *wire.Request) {
-	// Looked up together with the other auths arriving meanwhile.
-	found, err := g.lookups.do(ctx, req.Device)
-	if err != nil {
-		s.fail(req.Rid, g.wireError(s, req, err))
-		return
+	// A revocation or suspension that reaches this gateway from now on
+	// applies to this auth, even if the lookup below misses it.
+	start := time.Now()
+	var (
+		dev    store.Device
+		exp    time.Time
+		result string
+		we     *wire.Error
+		method = "token"
+	)
+	if req.Has&wire.FJWT != 0 {
+		method = "jwt"
+		dev, exp, result, we = g.checkJWT(ctx, s, req)
+	} else {
+		dev, result, we = g.checkToken(ctx, s, req)
 	}
-	dev := found.dev
-	sum := sha256.Sum256([]byte(req.Token))
-	want := dev.TokenSHA256
-	if len(want) != len(sum) {
-		want = make([]byte, len(sum)) // compare anyway: same work for unknown devices
-	}
-	if subtle.ConstantTimeCompare(sum[:], want) != 1 || !found.found {
-		s.fail(req.Rid, wire.Errorf(wire.AuthFailed, "unknown device or bad token"))
+	g.metrics.auths.WithLabelValues(method, result).Inc()
+	if we != nil {
+		g.metrics.errors.WithLabelValues(string(we.Code)).Inc()
+		s.fail(req.Rid, we)
 		return
 	}
 	token, prev, err := g.deps.Routes.Register(ctx, dev.User, dev.ID, 0)
@@ -141,7 +154,10 @@ func (g *Gateway) auth(ctx context.Context, s *Session, req *wire.Request) {
 		s.fail(req.Rid, g.wireError(s, req, err))
 		return
 	}
-	s.user, s.device, s.epoch, s.token = dev.User, dev.ID, dev.InstallEpoch, token
+	s.user, s.device, s.epoch, s.token, s.jwt = dev.User, dev.ID, dev.InstallEpoch, token, method == "jwt"
+	if s.jwt {
+		s.expireAt(exp)
+	}
 	s.authed.Store(true)
 	g.mu.Lock()
 	old := g.devices[dev.ID]
@@ -151,6 +167,12 @@ func (g *Gateway) auth(ctx context.Context, s *Session, req *wire.Request) {
 	g.mu.Unlock()
 	if old != nil && old != s {
 		old.kickOut("replaced")
+	}
+	if reason := g.notices.since(dev.ID, dev.User, start); reason != "" {
+		// Revoked or suspended while this auth was in flight.
+		g.metrics.kicks.WithLabelValues(reason).Inc()
+		s.kickOut(reason)
+		return
 	}
 	if prev != nil && (prev.Gateway != g.deps.Routes.Gateway() || prev.Boot != g.deps.Routes.Boot()) {
 		if err := g.deps.Bus.Kick(ctx, prev.Gateway, prev.Device, prev.Token); err != nil {
@@ -169,8 +191,40 @@ func (g *Gateway) auth(ctx context.Context, s *Session, req *wire.Request) {
 		_ = g.deps.Routes.RemoveOnline(ctx, s.device, s.token)
 		return
 	}
-	g.answer(s, req, nil, wire.AuthOK{T: wire.TAuthOK, Rid: req.Rid, User: dev.User, Device: dev.ID,
-		InstallEpoch: dev.InstallEpoch, Ts: time.Now().UnixMilli()})
+	ok := wire.AuthOK{T: wire.TAuthOK, Rid: req.Rid, User: dev.User, Device: dev.ID,
+		InstallEpoch: dev.InstallEpoch, Ts: time.Now().UnixMilli()}
+	if s.jwt {
+		ok.ExpiresAt = exp.UnixMilli()
+	}
+	g.answer(s, req, nil, ok)
+}
+
+// checkToken checks an auth's static device token. It returns the
+// device, or the error to refuse the auth with and the result to count.
+func (g *Gateway) checkToken(ctx context.Context, s *Session, req *wire.Request) (store.Device, string, *wire.Error) {
+	// Looked up together with the other auths arriving meanwhile.
+	found, err := g.lookups.do(ctx, req.Device)
+	if err != nil {
+		return store.Device{}, authBackend, g.wireError(s, req, err)
+	}
+	dev := found.dev
+	sum := sha256.Sum256([]byte(req.Token))
+	want := dev.TokenSHA256
+	if len(want) != len(sum) {
+		// Compare anyway: the same work for unknown devices, and for
+		// devices without a static token (revoked, or provisioned by a JWT).
+		want = make([]byte, len(sum))
+	}
+	if subtle.ConstantTimeCompare(sum[:], want) != 1 || !found.found || len(dev.TokenSHA256) != len(sum) {
+		if found.found && dev.Revoked {
+			return dev, authRevoked, wire.Errorf(wire.AuthFailed, "unknown device or bad token")
+		}
+		return dev, authBadToken, wire.Errorf(wire.AuthFailed, "unknown device or bad token")
+	}
+	if dev.Suspended {
+		return dev, authSuspended, wire.Errorf(wire.Suspended, "the user is suspended")
+	}
+	return dev, authOK, nil
 }
 
 func (g *Gateway) convCreate(ctx context.Context, s *Session, req *wire.Request) {

@@ -15,6 +15,8 @@ type metrics struct {
 	errors      *prometheus.CounterVec
 	drops       *prometheus.CounterVec
 	refusals    *prometheus.CounterVec
+	auths       *prometheus.CounterVec // auth and refresh outcomes, by method and result
+	kicks       *prometheus.CounterVec // lifecycle and expiry kicks, by reason
 	latency     *prometheus.HistogramVec
 	combined    *prometheus.HistogramVec
 	acksHeld    prometheus.Counter // rid-less acks held (ack_coalesce)
@@ -34,7 +36,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		drops: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "parley_gateway_drops_total", Help: "Pushes not written, by reason."}, []string{"reason"}),
 		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "parley_gateway_refusals_total", Help: "Requests refused with RATE_LIMITED before any work, by reason (\"auth_rate\": over auth_rate)."}, []string{"reason"}),
+			Name: "parley_gateway_refusals_total", Help: "Requests refused with RATE_LIMITED before any work, by reason (\"auth_rate\": over auth_rate; \"addr_auth_rate\": over addr_auth_rate; \"addr_conns\": over addr_max_conns)."}, []string{"reason"}),
+		auths: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "parley_gateway_auths_total", Help: "Auth and refresh requests answered, by method (token, jwt, refresh) and result (ok, provisioned, bad_token, bad_jwt, too_large, expired, jwt_off, unknown, other_user, other_device, not_jwt, revoked, suspended, backend_error)."}, []string{"method", "result"}),
+		kicks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "parley_gateway_kicks_total", Help: "Connections closed by a lifecycle change or expiry, by reason (revoked, suspended, expired)."}, []string{"reason"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "parley_gateway_request_seconds", Help: "Time from a request's arrival (read by the event loop) to its reply being queued for writing, by type.",
 			Buckets: prometheus.ExponentialBuckets(0.0002, 2, 16)}, []string{"type"}),
@@ -48,7 +54,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	m.pushesOut = m.framesOut.WithLabelValues(wire.TPush)
 	if reg != nil {
-		reg.MustRegister(m.connections, m.framesIn, m.framesOut, m.errors, m.drops, m.refusals, m.latency, m.combined, m.acksHeld, m.acksFlushed)
+		reg.MustRegister(m.connections, m.framesIn, m.framesOut, m.errors, m.drops, m.refusals, m.auths, m.kicks, m.latency, m.combined, m.acksHeld, m.acksFlushed)
 	}
 	return m
 }

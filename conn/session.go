@@ -1,6 +1,7 @@
 package conn
 
 import (
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,16 +25,29 @@ type Session struct {
 	id     uint64 // keeps this connection's acks and reads in order in their commit queues
 	opened time.Time
 
+	// The client's address: the peer's, set in OnOpen (or the one a PROXY
+	// protocol header names). Written by the event loop before the first
+	// frame is queued; read-only after.
+	addr netip.Addr
+
 	// Owned by the event loop.
-	gotFirst bool // the first frame (which must be auth) arrived
-	inbound  int  // bytes left unread in gnet's inbound buffer after OnTraffic
+	gotFirst bool       // the first frame (which must be auth) arrived
+	inbound  int        // bytes left unread in gnet's inbound buffer after OnTraffic
+	counted  netip.Addr // the address this connection counts under in addr_max_conns (invalid: none)
 
 	// Written once by the auth handler before authed is set; read-only after.
 	user   string
 	device string
 	epoch  int64
 	token  int64 // fencing token of this connection's routing entry
+	jwt    bool  // authenticated by a JWT (it expires; refresh extends it)
 	authed atomic.Bool
+
+	// JWT expiry: unix ms of exp (0: never), and the timer that kicks the
+	// connection then. Guarded by emu.
+	expiresAt atomic.Int64
+	emu       sync.Mutex
+	expTimer  *time.Timer
 
 	lastSeen atomic.Int64 // unix nanos of the last frame received
 	closed   atomic.Bool

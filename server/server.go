@@ -31,6 +31,7 @@ import (
 	"github.com/parley-im/parley/cursor"
 	"github.com/parley-im/parley/eventlog"
 	"github.com/parley-im/parley/fanout"
+	"github.com/parley-im/parley/jwtauth"
 	"github.com/parley-im/parley/route"
 	"github.com/parley-im/parley/scripts"
 	"github.com/parley-im/parley/seq"
@@ -104,6 +105,8 @@ type Server struct {
 	adminLn net.Listener
 	metrLn  net.Listener
 	ps      *redis.PubSub
+	jwtCtx  context.Context // ends the JWKS refresh (jwtStop, at Shutdown)
+	jwtStop context.CancelFunc
 	// Removal notices from the bus (storeMetrics.removalNotices).
 	removalNotices prometheus.Counter
 
@@ -119,8 +122,11 @@ type Server struct {
 // listeners. Start serves.
 func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Server, err error) {
 	s := &Server{cfg: cfg, log: log, reg: prometheus.NewRegistry(), stop: make(chan struct{}), gwErr: make(chan error, 1)}
+	// The JWKS refresh goroutine (if any) lives until Shutdown.
+	s.jwtCtx, s.jwtStop = context.WithCancel(context.Background())
 	defer func() {
 		if err != nil {
+			s.jwtStop()
 			s.closeStores()
 		}
 	}()
@@ -207,7 +213,12 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Server, e
 		BeforeLeave: s.fan.BeforeLeave,
 		Removed:     s.bus.Removed},
 		log, s.fan.Enqueue)
-	s.gw = conn.New(s.cfg, conn.Deps{Store: s.st, Log: s.events, Cursors: s.cursors, Routes: s.routes, Bus: s.bus, Rows: s.rows,
+	verifier, err := jwtauth.New(s.jwtCtx, jwtauth.Config{HMACSecret: cfg.JWTHMACSecret, PublicKeyFile: cfg.JWTPublicKeyFile,
+		JWKSURL: cfg.JWTJWKSURL, Issuer: cfg.JWTIssuer, Audience: cfg.JWTAudience, DeviceClaim: cfg.JWTDeviceClaim})
+	if err != nil {
+		return nil, err
+	}
+	s.gw = conn.New(s.cfg, conn.Deps{JWT: verifier, Store: s.st, Log: s.events, Cursors: s.cursors, Routes: s.routes, Bus: s.bus, Rows: s.rows,
 		Mentions: conn.NewMentionLimiter(s.rdb, cfg.RedisPrefix, cfg.MentionAllRate, cfg.MentionAllPeriod),
 		Online:   s.fan.Online, Notify: s.fan.ToUser}, log, s.reg)
 	s.fan.Start(s.gw)
@@ -274,7 +285,7 @@ func (s *Server) Start(ctx context.Context) error {
 		fanout.Serve(s.ps, s.gw, s.gw.Kick, func(r fanout.Removal) {
 			s.events.Forget(r.Conv, r.Users)
 			s.removalNotices.Inc()
-		})
+		}, s.gw.Lifecycle)
 	})
 	s.goroutine(s.keepLease)
 	if err := s.rows.Start(ctx); err != nil {
@@ -282,7 +293,18 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 
 	mode := func(n int64) string { return fanout.TierOf(n, s.cfg.WriteFanoutMax, s.cfg.OnlineFanoutMax).String() }
-	s.serveHTTP(s.adminLn, admin.New(s.cfg.AdminToken, s.st, s.events, s.cursors, mode, s.log))
+	connected := func(ctx context.Context, user string) (map[string]bool, error) {
+		es, err := s.routes.Lookup(ctx, []string{user})
+		if err != nil {
+			return nil, err
+		}
+		out := make(map[string]bool, len(es))
+		for _, e := range es {
+			out[e.Device] = true
+		}
+		return out, nil
+	}
+	s.serveHTTP(s.adminLn, admin.New(s.cfg.AdminToken, s.st, s.events, s.cursors, mode, s.bus.Lifecycle, connected, s.log))
 	if s.metrLn != nil {
 		s.serveHTTP(s.metrLn, s.metricsMux())
 	}
@@ -420,6 +442,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		dctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		_ = s.routes.DropLease(dctx)
 		cancel()
+		s.jwtStop()
 		s.wg.Wait()
 		s.closeStores()
 	})

@@ -11,8 +11,20 @@ import (
 type Device struct {
 	ID           string
 	User         string
-	TokenSHA256  []byte
+	TokenSHA256  []byte // empty: no static token (provisioned by a JWT, or revoked)
 	InstallEpoch int64
+	Revoked      bool // the device was revoked: nothing authenticates it
+	Suspended    bool // its user is suspended
+}
+
+// deviceColumns are the columns scanDevice reads, from devices d joined
+// with users u.
+const deviceColumns = `d.device_id, d.user_id, d.token_sha256, d.install_epoch, d.revoked_at IS NOT NULL, u.suspended`
+
+func scanDevice(r pgx.Row) (Device, error) {
+	var d Device
+	err := r.Scan(&d.ID, &d.User, &d.TokenSHA256, &d.InstallEpoch, &d.Revoked, &d.Suspended)
+	return d, err
 }
 
 // CreateUsers inserts users in one transaction (COPY). Any id that exists
@@ -49,11 +61,9 @@ func (s *Store) CreateDevices(ctx context.Context, devs []Device) error {
 
 // DeviceByID returns the device row, or ErrNotFound.
 func (s *Store) DeviceByID(ctx context.Context, id string) (Device, error) {
-	d := Device{ID: id}
-	err := s.pool.QueryRow(ctx, `SELECT user_id, token_sha256, install_epoch FROM devices WHERE device_id = $1`, id).
-		Scan(&d.User, &d.TokenSHA256, &d.InstallEpoch)
+	d, err := scanDevice(s.pool.QueryRow(ctx, `SELECT `+deviceColumns+` FROM devices d JOIN users u USING (user_id) WHERE d.device_id = $1`, id))
 	if errors.Is(err, pgx.ErrNoRows) {
-		return d, ErrNotFound
+		return Device{ID: id}, ErrNotFound
 	}
 	return d, err
 }
@@ -72,15 +82,11 @@ func (s *Store) DevicesByID(ctx context.Context, ids []string) ([]Device, error)
 	if len(ok) == 0 {
 		return nil, nil
 	}
-	rows, err := s.pool.Query(ctx, `SELECT device_id, user_id, token_sha256, install_epoch FROM devices WHERE device_id = ANY($1)`, ok)
+	rows, err := s.pool.Query(ctx, `SELECT `+deviceColumns+` FROM devices d JOIN users u USING (user_id) WHERE d.device_id = ANY($1)`, ok)
 	if err != nil {
 		return nil, err
 	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Device, error) {
-		var d Device
-		err := r.Scan(&d.ID, &d.User, &d.TokenSHA256, &d.InstallEpoch)
-		return d, err
-	})
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Device, error) { return scanDevice(r) })
 }
 
 // Reinstall starts a new install of the device: install_epoch + 1 and its

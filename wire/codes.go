@@ -26,13 +26,15 @@ const (
 	RateLimited     Code = "RATE_LIMITED"    // slow down; see RetryAfterMs
 	Unavailable     Code = "UNAVAILABLE"     // a backend is down; nothing was committed
 	Internal        Code = "INTERNAL"        // a server bug
+	TokenExpired    Code = "TOKEN_EXPIRED"   // the JWT's exp passed (beyond the leeway)
+	Suspended       Code = "SUSPENDED"       // the user is suspended
 )
 
 // Codes lists every error code, in docs/protocol.md order.
 var Codes = []Code{
 	BadFrame, TooLarge, BadRequest, Unauthenticated, AuthFailed, NotMember,
 	CursorAhead, StaleInstall, NotFound, Exists, NotSender, RecallWindow,
-	RateLimited, Unavailable, Internal,
+	RateLimited, Unavailable, Internal, TokenExpired, Suspended,
 }
 
 // Valid reports whether c is one of the protocol's error codes.

@@ -86,6 +86,9 @@ func project(q Request, fs Field) Request {
 	if fs&FToken != 0 {
 		p.Token = q.Token
 	}
+	if fs&FJWT != 0 {
+		p.JWT = q.JWT
+	}
 	if fs&FConv != 0 {
 		p.Conv = q.Conv
 	}

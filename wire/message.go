@@ -36,6 +36,7 @@ type Message struct {
 	Code         Code     `msgpack:"code,omitempty"`
 	Msg          string   `msgpack:"msg,omitempty"`
 	RetryAfterMs int64    `msgpack:"retry_after_ms,omitempty"`
+	ExpiresAt    int64    `msgpack:"expires_at,omitempty"`
 }
 
 // Item is one element of convs_ok.items or snapshot_ok.items: the union of
@@ -324,6 +325,8 @@ func (m *Message) decode(r *reader) *Error {
 			return r.getStr("device", &m.Device)
 		case "install_epoch":
 			return r.getInt("install_epoch", &m.InstallEpoch)
+		case "expires_at":
+			return r.getInt("expires_at", &m.ExpiresAt)
 		case "ts":
 			return r.getInt("ts", &m.Ts)
 		case "conv":
@@ -423,6 +426,8 @@ func messageType(p []byte) string {
 		return TSnapshotOK
 	case TRecallOK:
 		return TRecallOK
+	case TRefreshOK:
+		return TRefreshOK
 	case TPush:
 		return TPush
 	case THint:

@@ -17,6 +17,7 @@ const (
 	TConvs      = "convs"
 	TSnapshot   = "snapshot"
 	TRecall     = "recall"
+	TRefresh    = "refresh"
 
 	// server → client replies
 	TAuthOK       = "auth_ok"
@@ -30,6 +31,7 @@ const (
 	TConvsOK      = "convs_ok"
 	TSnapshotOK   = "snapshot_ok"
 	TRecallOK     = "recall_ok"
+	TRefreshOK    = "refresh_ok"
 
 	// server → client pushes
 	TPush        = "push"
@@ -62,8 +64,11 @@ const (
 
 // Kick reasons.
 const (
-	KickReplaced = "replaced"
-	KickShutdown = "shutdown"
+	KickReplaced  = "replaced"
+	KickShutdown  = "shutdown"
+	KickExpired   = "expired"   // the JWT's exp passed without a refresh
+	KickRevoked   = "revoked"   // the device was revoked or its token rotated
+	KickSuspended = "suspended" // the user was suspended
 )
 
 // The reply and push types below are encoded by hand (see AppendFrame): the
@@ -82,17 +87,38 @@ type AuthOK struct {
 	Device       string `msgpack:"device"`
 	InstallEpoch int64  `msgpack:"install_epoch"`
 	Ts           int64  `msgpack:"ts"`
+	ExpiresAt    int64  `msgpack:"expires_at,omitempty"` // Unix ms: the JWT's exp; absent for a static token
 }
 
 func (r AuthOK) appendMsgpack(b []byte) []byte {
-	b = appendMapLen(b, 6)
+	b = appendMapLen(b, 6+count(r.ExpiresAt != 0))
 	b = kvStr(b, "t", orT(r.T, TAuthOK))
 	b = kvStr(b, "rid", r.Rid)
 	b = kvStr(b, "user", r.User)
 	b = kvStr(b, "device", r.Device)
 	b = kvInt(b, "install_epoch", r.InstallEpoch)
+	if r.ExpiresAt != 0 {
+		b = kvInt(b, "expires_at", r.ExpiresAt)
+	}
 	return kvInt(b, "ts", r.Ts)
 }
+
+// RefreshOK answers refresh: the connection now lives until ExpiresAt.
+type RefreshOK struct {
+	T         string `msgpack:"t"`
+	Rid       string `msgpack:"rid"`
+	ExpiresAt int64  `msgpack:"expires_at"` // Unix ms
+}
+
+func (r RefreshOK) appendMsgpack(b []byte) []byte {
+	b = appendMapLen(b, 3)
+	b = kvStr(b, "t", orT(r.T, TRefreshOK))
+	b = kvStr(b, "rid", r.Rid)
+	return kvInt(b, "expires_at", r.ExpiresAt)
+}
+
+// EncodeMsgpack implements msgpack.CustomEncoder.
+func (r RefreshOK) EncodeMsgpack(e *msgpack.Encoder) error { return encodeCustom(e, r) }
 
 // EncodeMsgpack implements msgpack.CustomEncoder.
 func (r AuthOK) EncodeMsgpack(e *msgpack.Encoder) error { return encodeCustom(e, r) }

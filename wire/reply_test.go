@@ -21,7 +21,7 @@ var replyTypes = []struct {
 	{AckOK{}, TAckOK}, {ReadOK{}, TReadOK}, {ConvsOK{}, TConvsOK},
 	{SnapshotOK{}, TSnapshotOK}, {RecallOK{}, TRecallOK}, {Push{}, TPush},
 	{Hint{}, THint}, {ReadChanged{}, TReadChanged}, {Kick{}, TKick},
-	{ErrorFrame{}, TError},
+	{ErrorFrame{}, TError}, {RefreshOK{}, TRefreshOK},
 }
 
 // fill sets every field of the struct v points to to a non-zero value.

@@ -12,7 +12,8 @@ import (
 // nil counts as absent).
 type Request struct {
 	T, Rid        string
-	Device, Token string // auth
+	Device, Token string // auth with a static device token
+	JWT           string // auth with a JSON Web Token, refresh
 	Conv          string
 	Cmid          string
 	Kind          string // conv_create: "group" or "direct"
@@ -56,11 +57,13 @@ const (
 	FUsers
 	FConvs
 	FMentionAll
+	FJWT
 )
 
 var fieldNames = [...]string{
 	"rid", "device", "token", "conv", "cmid", "kind", "title", "cursor",
 	"body", "seq", "after", "limit", "members", "users", "convs", "mention_all",
+	"jwt",
 }
 
 // String returns the wire names of the fields in f, separated by '|'.
@@ -88,7 +91,10 @@ type fieldSpec struct{ req, opt Field }
 func specOf(t string) (fieldSpec, bool) {
 	switch t {
 	case TAuth:
-		return fieldSpec{FDevice | FToken, FRid}, true
+		// Either device and token, or jwt (checked in decode).
+		return fieldSpec{0, FRid | FDevice | FToken | FJWT}, true
+	case TRefresh:
+		return fieldSpec{FJWT, FRid}, true
 	case TPing:
 		return fieldSpec{0, FRid}, true
 	case TConvCreate:
@@ -139,6 +145,8 @@ func requestType(name []byte) string {
 		return TSnapshot
 	case TRecall:
 		return TRecall
+	case TRefresh:
+		return TRefresh
 	}
 	return ""
 }
@@ -271,8 +279,23 @@ func (q *Request) decode(b []byte) *Error {
 	}
 	switch q.T {
 	case TAuth:
-		if q.Device == "" {
+		switch {
+		case q.Has&FJWT != 0 && q.Has&(FDevice|FToken) != 0:
+			return &Error{Code: BadRequest, Msg: "jwt: not together with device and token"}
+		case q.Has&FJWT != 0:
+			if q.JWT == "" {
+				return &Error{Code: BadRequest, Msg: "jwt: empty"}
+			}
+		case q.Has&FDevice == 0:
+			return &Error{Code: BadRequest, Msg: "device: missing"}
+		case q.Has&FToken == 0:
+			return &Error{Code: BadRequest, Msg: "token: missing"}
+		case q.Device == "":
 			return &Error{Code: BadRequest, Msg: "device: empty"}
+		}
+	case TRefresh:
+		if q.JWT == "" {
+			return &Error{Code: BadRequest, Msg: "jwt: empty"}
 		}
 	case TConvCreate:
 		if q.Kind != ConvGroup && q.Kind != ConvDirect {
@@ -300,6 +323,8 @@ func (q *Request) field(r *reader, key []byte, cl uint8) *Error {
 		return q.str(r, cl, FDevice, &q.Device)
 	case "token":
 		return q.str(r, cl, FToken, &q.Token)
+	case "jwt":
+		return q.str(r, cl, FJWT, &q.JWT)
 	case "conv":
 		return q.str(r, cl, FConv, &q.Conv)
 	case "cmid":
@@ -518,6 +543,7 @@ func (q *Request) present() Field {
 	set(q.Users != nil, FUsers)
 	set(q.Convs != nil, FConvs)
 	set(q.MentionAll, FMentionAll)
+	set(q.JWT != "", FJWT)
 	return f
 }
 
@@ -579,6 +605,8 @@ func (q Request) appendMsgpack(b []byte) []byte {
 			}
 		case FMentionAll:
 			b = appendBool(b, q.MentionAll)
+		case FJWT:
+			b = appendStr(b, q.JWT)
 		}
 	}
 	return b

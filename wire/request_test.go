@@ -14,6 +14,8 @@ import (
 func sampleRequests() []Request {
 	return []Request{
 		{T: TAuth, Rid: "1", Device: "dev-1", Token: "tok"},
+		{T: TAuth, Rid: "1j", JWT: "eyJ.eyJ.sig"},
+		{T: TRefresh, Rid: "1r", JWT: "eyJ.eyJ.sig2"},
 		{T: TPing},
 		{T: TPing, Rid: "p"},
 		{T: TConvCreate, Rid: "2", Kind: ConvGroup, Members: []string{"bob", "carol"}, Title: "team"},
@@ -196,6 +198,12 @@ func TestDecodeRequestBad(t *testing.T) {
 		{"mention_all as int", mp(t, M{"t": "send", "rid": "r", "conv": "c", "cmid": "m", "body": []byte{}, "mention_all": 1}), BadRequest, TSend, "r", "mention_all"},
 		{"auth without token", mp(t, M{"t": "auth", "rid": "r6", "device": "d"}), BadRequest, TAuth, "r6", "token"},
 		{"auth without device", mp(t, M{"t": "auth", "rid": "r6", "token": "x"}), BadRequest, TAuth, "r6", "device"},
+		{"auth with jwt and token", mp(t, M{"t": "auth", "rid": "r6", "jwt": "a.b.c", "device": "d", "token": "x"}), BadRequest, TAuth, "r6", "jwt"},
+		{"auth with empty jwt", mp(t, M{"t": "auth", "rid": "r6", "jwt": ""}), BadRequest, TAuth, "r6", "jwt"},
+		{"auth with jwt as bin", mp(t, M{"t": "auth", "rid": "r6", "jwt": []byte("a.b.c")}), BadRequest, TAuth, "r6", "jwt"},
+		{"auth without anything", mp(t, M{"t": "auth", "rid": "r6"}), BadRequest, TAuth, "r6", "device"},
+		{"refresh without jwt", mp(t, M{"t": "refresh", "rid": "r6"}), BadRequest, TRefresh, "r6", "jwt"},
+		{"refresh with jwt as int", mp(t, M{"t": "refresh", "rid": "r6", "jwt": 5}), BadRequest, TRefresh, "r6", "jwt"},
 		{"conv_create bad kind", mp(t, M{"t": "conv_create", "rid": "r7", "kind": "channel", "members": []string{}}), BadRequest, TConvCreate, "r7", "kind"},
 		{"conv_create no members", mp(t, M{"t": "conv_create", "rid": "r7", "kind": "group"}), BadRequest, TConvCreate, "r7", "members"},
 		{"members_add no users", mp(t, M{"t": "members_add", "rid": "r8", "conv": "c"}), BadRequest, TMembersAdd, "r8", "users"},
@@ -245,6 +253,7 @@ func TestDecodeRequestRequiredFields(t *testing.T) {
 		TRead:       {"conv": "c", "seq": 1},
 		TRecall:     {"conv": "c", "seq": 1},
 		TSnapshot:   {"convs": []any{M{"conv": "c", "after": 0}}},
+		TRefresh:    {"jwt": "a.b.c"},
 	} {
 		with := M{"t": typ, "rid": "r"}
 		for k, v := range full {
