@@ -123,6 +123,13 @@ type Config struct {
 	Devices  int // default 2000
 	ConvsPer int // default 3
 	Msgs     int // default 5
+	// JWTSecret or JWTKeyFile (storm): the devices authenticate with JWTs
+	// signed with this HS256 secret, or with this PEM private key (RSA:
+	// RS256, ECDSA P-256: ES256, Ed25519: EdDSA), instead of admin-made
+	// devices and static tokens; every login is a device's first, so the
+	// server provisions them (jwt_auto_provision). See runStorm.
+	JWTSecret  string
+	JWTKeyFile string
 
 	// Scenario mixed: Users users with DevicesPerUser devices each on
 	// average (each user ⌊D⌋ or ⌈D⌉, spread evenly), every user in

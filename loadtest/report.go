@@ -506,6 +506,9 @@ func (rep *Report) writeStormTable(w io.Writer) {
 	sr := rep.Storm
 	fmt.Fprintf(w, "storm: %d devices, %d conversations (%d per device, ~%d members, %d messages each), run %s\n",
 		sr.Devices, sr.Conversations, sr.ConvsPerDevice, sr.GroupSize, sr.MsgsPerConv, rep.RunPrefix)
+	if sr.Auth == "jwt" {
+		fmt.Fprintf(w, "auth: JWT; every device (the first ones, then the storm's) created by its first login\n")
+	}
 	fmt.Fprintf(w, "setup: connected in %.1fs, sent %d messages in %.1fs (%d RATE_LIMITED answers retried)\n", sr.ConnectS, sr.Seeded, sr.SeedS, sr.SeedLimited)
 	fmt.Fprintf(w, "reconnect + snapshot of all at once: %d finished, %d failed, wall %.0f ms\n", sr.Finished, sr.Failed, sr.WallMs)
 	fmt.Fprintf(w, "rate-limited %d (retried %d)  snapshot items %d, events %d, item errors %d, mismatches %d\n",

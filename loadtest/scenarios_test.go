@@ -204,6 +204,29 @@ func TestStorm(t *testing.T) {
 	}
 }
 
+// TestStormJWT: storm with JWTs: the first devices and their users are
+// created by their first logins, and the storm is every user's first
+// login from a new device, each created by the server on the way.
+func TestStormJWT(t *testing.T) {
+	const secret = "storm-jwt-test-secret-0123456789"
+	cfg := parleytest.Config(t)
+	cfg.JWTHMACSecret = secret
+	env := parleytest.Start(t, cfg)
+	rep := runScenario(t, env, Config{Scenario: "storm", Devices: 300, ConvsPer: 2, Size: 5, Msgs: 2, JWTSecret: secret})
+	sr := rep.Storm
+	if sr == nil || sr.Auth != "jwt" || sr.Finished != 300 || sr.Failed != 0 || len(rep.Errors) != 0 || rep.Failed() {
+		t.Fatalf("storm report %+v, errors %v", sr, rep.Errors)
+	}
+	if sr.Conversations != 120 || sr.SnapshotItems != 600 || sr.SnapshotEvents != 600*2 || sr.SnapshotMismatch != 0 {
+		t.Errorf("convs %d items %d events %d mismatches %d", sr.Conversations, sr.SnapshotItems, sr.SnapshotEvents, sr.SnapshotMismatch)
+	}
+	// Two devices per user, every one made by its first login.
+	var u struct{ Devices []struct{ ID string } }
+	if st := env.Admin(t, "GET", "/v1/users/"+rep.RunPrefix+"u7", nil, &u); st != 200 || len(u.Devices) != 2 {
+		t.Errorf("user u7: %d %+v", st, u)
+	}
+}
+
 func TestStormConvs(t *testing.T) {
 	for _, tc := range []struct{ n, size, rounds int }{{10, 5, 3}, {11, 5, 2}, {2000, 5, 3}, {7, 3, 1}} {
 		groups := stormConvs(tc.n, tc.size, tc.rounds)

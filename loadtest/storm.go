@@ -21,6 +21,7 @@ const maxSnapshotConvs = 500
 
 // StormReport is the result of scenario storm.
 type StormReport struct {
+	Auth           string  `json:"auth"` // "token" or "jwt" (-jwt-secret, -jwt-key: every login a first one, provisioned by the server)
 	Devices        int     `json:"devices"`
 	Conversations  int     `json:"conversations"`
 	ConvsPerDevice int     `json:"convs_per_device"`
@@ -119,37 +120,64 @@ func runStorm(ctx context.Context, r *runner) error {
 		return err
 	}
 	rep := r.report
-	sr := &StormReport{Devices: n, ConvsPerDevice: r.cfg.ConvsPer, GroupSize: r.cfg.Size, MsgsPerConv: r.cfg.Msgs}
+	sr := &StormReport{Auth: "token", Devices: n, ConvsPerDevice: r.cfg.ConvsPer, GroupSize: r.cfg.Size, MsgsPerConv: r.cfg.Msgs}
 	rep.Storm = sr
 	rep.RunPrefix, rep.Addr, rep.Sources, rep.FDLimit, rep.BodySize = r.cfg.Prefix, r.cfg.Addr, r.cfg.Sources, r.fdLimit, r.cfg.BodySize
 
-	t0 := time.Now()
-	users, devs, err := r.provisionUsers(ctx, n, n)
+	// With a JWT signer, nothing is made through the admin API but the
+	// conversations: each user's first device ("…a") is created by its
+	// first login, before the messages, and the storm is every user's
+	// first login from a second device ("…b"), also created by it.
+	sign, err := newSigner(r.cfg.JWTSecret, r.cfg.JWTKeyFile)
 	if err != nil {
 		return err
 	}
+	var users []string
+	var devs []Device
+	t0 := time.Now()
+	if sign != nil {
+		sr.Auth = "jwt"
+		users, devs = jwtDevices(r.cfg.Prefix, n, "a")
+	} else if users, devs, err = r.provisionUsers(ctx, n, n); err != nil {
+		return err
+	}
 	groups := stormConvs(n, r.cfg.Size, r.cfg.ConvsPer)
-	specs := make([]ConvSpec, len(groups))
 	convsOf := make([][]int, n) // device → its conversations
-	for j, g := range groups {
-		members := make([]string, len(g))
-		for k, d := range g {
-			members[k] = users[d]
-			convsOf[d] = append(convsOf[d], j)
+	var created []ConvCreated
+	var before []int64 // each conversation's head before the messages
+	makeConvs := func() error {
+		t0 := time.Now()
+		specs := make([]ConvSpec, len(groups))
+		for j, g := range groups {
+			members := make([]string, len(g))
+			for k, d := range g {
+				members[k] = users[d]
+				convsOf[d] = append(convsOf[d], j)
+			}
+			specs[j] = ConvSpec{ID: r.cfg.Prefix + "s" + strconv.Itoa(j), Kind: "group", Members: members}
 		}
-		specs[j] = ConvSpec{ID: r.cfg.Prefix + "s" + strconv.Itoa(j), Kind: "group", Members: members}
+		var err error
+		if created, err = r.admin.Conversations(ctx, specs); err != nil {
+			return fmt.Errorf("provisioning conversations: %w", err)
+		}
+		sr.Conversations = len(created)
+		before = make([]int64, len(created))
+		for j, c := range created {
+			before[j] = c.Head
+		}
+		what := "users and devices, "
+		if sign != nil {
+			what = "" // the users and devices were made by their first logins
+		}
+		fmt.Fprintf(r.cfg.Out, "provisioned %d %s%d conversations of about %d in %s (prefix %s)\n",
+			n, what, len(created), r.cfg.Size, time.Since(t0).Round(time.Millisecond), r.cfg.Prefix)
+		return nil
 	}
-	created, err := r.admin.Conversations(ctx, specs)
-	if err != nil {
-		return fmt.Errorf("provisioning conversations: %w", err)
+	if sign == nil {
+		if err := makeConvs(); err != nil {
+			return err
+		}
 	}
-	sr.Conversations = len(created)
-	before := make([]int64, len(created)) // each conversation's head before the messages
-	for j, c := range created {
-		before[j] = c.Head
-	}
-	fmt.Fprintf(r.cfg.Out, "provisioned %d users and devices, %d conversations of about %d in %s (prefix %s)\n",
-		n, len(created), r.cfg.Size, time.Since(t0).Round(time.Millisecond), r.cfg.Prefix)
 
 	dialers := r.dialers()
 	var kicks, pushes atomic.Int64
@@ -162,6 +190,16 @@ func runStorm(ctx context.Context, r *runner) error {
 				pushes.Add(1)
 			}
 		}}
+	}
+	dial := func(ctx context.Context, i int) (*client.Conn, error) {
+		if sign == nil {
+			return client.Dial(ctx, r.cfg.Addr, devs[i].ID, devs[i].Token, opts(i))
+		}
+		token, err := sign(devs[i].User, devs[i].ID)
+		if err != nil {
+			return nil, err
+		}
+		return client.DialJWT(ctx, r.cfg.Addr, token, opts(i))
 	}
 	conns := make([]*client.Conn, n)
 	closeAll := func() {
@@ -190,7 +228,7 @@ func runStorm(ctx context.Context, r *runner) error {
 		defer cancel()
 		start := r.clk.now()
 		for {
-			c, err := client.Dial(cctx, r.cfg.Addr, devs[i].ID, devs[i].Token, opts(i))
+			c, err := dial(cctx, i)
 			if wait, limited := retryAfter(err); limited {
 				connectLimited.Add(1)
 				if !sleepCtx(cctx, wait) {
@@ -212,6 +250,11 @@ func runStorm(ctx context.Context, r *runner) error {
 	sr.ConnectLimited = connectLimited.Load()
 	rep.ConnectMs = Summarize(r.connect.Total())
 	fmt.Fprintf(r.cfg.Out, "connected %d devices in %.1fs (%d RATE_LIMITED answers retried)\n", n, sr.ConnectS, sr.ConnectLimited)
+	if sign != nil {
+		if err := makeConvs(); err != nil {
+			return err
+		}
+	}
 
 	// 2. Send Msgs messages to every conversation, from its members in
 	// turn.
@@ -250,6 +293,9 @@ func runStorm(ctx context.Context, r *runner) error {
 
 	// 3. Drop every connection at once.
 	closeAll()
+	if sign != nil {
+		_, devs = jwtDevices(r.cfg.Prefix, n, "b") // the storm: first logins of new devices
+	}
 	requests := make([][]wire.ConvAfter, n)
 	for i, cs := range convsOf {
 		for _, j := range cs {
@@ -276,7 +322,7 @@ func runStorm(ctx context.Context, r *runner) error {
 		var c *client.Conn
 		for {
 			var err error
-			c, err = client.Dial(sctx, r.cfg.Addr, devs[i].ID, devs[i].Token, opts(i))
+			c, err = dial(sctx, i)
 			if wait, ok := retryAfter(err); ok {
 				limited.Add(1)
 				if sleepCtx(sctx, wait) {

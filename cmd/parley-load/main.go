@@ -85,6 +85,8 @@ func run(args []string) int {
 	fs.IntVar(&cfg.Devices, "devices", 2000, "storm: devices that drop and reconnect at once")
 	fs.IntVar(&cfg.ConvsPer, "convs", 3, "storm: conversations per device")
 	fs.IntVar(&cfg.Msgs, "msgs", 5, "storm: messages per conversation, sent before the storm")
+	fs.StringVar(&cfg.JWTSecret, "jwt-secret", "", "storm: authenticate with HS256 JWTs signed with this `secret` (the server's jwt_hmac_secret); every login is a device's first, provisioned by the server")
+	fs.StringVar(&cfg.JWTKeyFile, "jwt-key", "", "storm: as -jwt-secret, signing with this PEM private key `file` (RSA: RS256, ECDSA P-256: ES256, Ed25519: EdDSA)")
 	// Scenario mixed.
 	fs.IntVar(&cfg.Users, "users", 1000, "mixed: users")
 	fs.Float64Var(&cfg.DevicesPerUser, "devices-per-user", 1.6, "mixed: devices per user on average, 1 to 8 (each user gets ⌊`D`⌋ or ⌈D⌉, all connected)")
@@ -231,7 +233,7 @@ var scenarioHelp = map[string]string{
 	"group":  "groups of one-device members (-groups, -size)",
 	"large":  "one large group, some members online, a few sending (-members, -online, -senders)",
 	"idle":   "connections held open, pinging; server RSS per connection (-conns, -ping)",
-	"storm":  "every device drops and reconnects at once, then snapshots (-devices, -convs, -size, -msgs)",
+	"storm":  "every device drops and reconnects at once, then snapshots (-devices, -convs, -size, -msgs; -jwt-secret or -jwt-key: JWT first logins)",
 	"mixed": "multi-device users (-devices-per-user) in direct conversations and groups, random\n" +
 		"          senders, read reports (-users, -directs, -groups, -size, -read-prob, -read-delay)",
 }
