@@ -15,9 +15,7 @@ import (
 // removals go to every gateway (a channel they all subscribe to), so
 // their membership caches stop answering for the removed users at once
 // rather than within the cache's lifetime (the commit checks membership
-// itself either way). So do device lifecycle changes (a device revoked or
-// its token rotated, a user suspended or unsuspended): every gateway
-// closes the connections concerned as soon as the notice arrives.
+// itself either way).
 type Bus struct {
 	// Static after construction.
 	rdb     redis.UniversalClient
@@ -30,17 +28,6 @@ type envelope struct {
 	Deliveries []Delivery `msgpack:"d,omitempty"`
 	Kick       *Target    `msgpack:"k,omitempty"`
 	Removed    *Removal   `msgpack:"r,omitempty"`
-	Lifecycle  *Lifecycle `msgpack:"l,omitempty"`
-}
-
-// Lifecycle is an admin change to a device or user that live connections
-// must obey: Device's connections close (revoked, token rotated), or
-// User's connections close (suspended), or User may authenticate again
-// (Reason "unsuspended").
-type Lifecycle struct {
-	Device string `msgpack:"d,omitempty"`
-	User   string `msgpack:"u,omitempty"`
-	Reason string `msgpack:"r"` // "revoked", "suspended", "unsuspended"
 }
 
 // Removal is users' removal from conversation Conv.
@@ -75,11 +62,6 @@ func (b *Bus) Removed(ctx context.Context, conv string, users []string) error {
 	return b.publishTo(ctx, b.everyone(), envelope{Removed: &Removal{Conv: conv, Users: users}})
 }
 
-// Lifecycle tells every gateway of a device or user lifecycle change.
-func (b *Bus) Lifecycle(ctx context.Context, l Lifecycle) error {
-	return b.publishTo(ctx, b.everyone(), envelope{Lifecycle: &l})
-}
-
 func (b *Bus) publish(ctx context.Context, gw string, env envelope) error {
 	return b.publishTo(ctx, b.channel(gw), env)
 }
@@ -109,9 +91,9 @@ func (b *Bus) Subscribe(ctx context.Context) (*redis.PubSub, error) {
 	return ps, nil
 }
 
-// Serve hands the messages of ps to local (deliveries), onKick,
-// onRemoved and onLifecycle until ps is closed.
-func Serve(ps *redis.PubSub, local Local, onKick func(Target), onRemoved func(Removal), onLifecycle func(Lifecycle)) {
+// Serve hands the messages of ps to local (deliveries), onKick and
+// onRemoved until ps is closed.
+func Serve(ps *redis.PubSub, local Local, onKick func(Target), onRemoved func(Removal)) {
 	for m := range ps.Channel(redis.WithChannelSize(1024)) {
 		var env envelope
 		if err := msgpack.Unmarshal([]byte(m.Payload), &env); err != nil {
@@ -125,9 +107,6 @@ func Serve(ps *redis.PubSub, local Local, onKick func(Target), onRemoved func(Re
 		}
 		if env.Removed != nil {
 			onRemoved(*env.Removed)
-		}
-		if env.Lifecycle != nil {
-			onLifecycle(*env.Lifecycle)
 		}
 	}
 }

@@ -105,8 +105,11 @@ type Server struct {
 	adminLn net.Listener
 	metrLn  net.Listener
 	ps      *redis.PubSub
-	jwtCtx  context.Context // ends the JWKS refresh (jwtStop, at Shutdown)
-	jwtStop context.CancelFunc
+	background  context.Context // ends the JWKS refresh and the lifecycle reader (stopBackground, at Shutdown)
+	stopBackground context.CancelFunc
+	// lifecycleFrom: the lifecycle notice to read after (those before
+	// were announced before this process started).
+	lifecycleFrom string
 	// Removal notices from the bus (storeMetrics.removalNotices).
 	removalNotices prometheus.Counter
 
@@ -122,11 +125,11 @@ type Server struct {
 // listeners. Start serves.
 func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Server, err error) {
 	s := &Server{cfg: cfg, log: log, reg: prometheus.NewRegistry(), stop: make(chan struct{}), gwErr: make(chan error, 1)}
-	// The JWKS refresh goroutine (if any) lives until Shutdown.
-	s.jwtCtx, s.jwtStop = context.WithCancel(context.Background())
+	// The JWKS refresh (if any) and the lifecycle reader live until Shutdown.
+	s.background, s.stopBackground = context.WithCancel(context.Background())
 	defer func() {
 		if err != nil {
-			s.jwtStop()
+			s.stopBackground()
 			s.closeStores()
 		}
 	}()
@@ -213,7 +216,7 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Server, e
 		BeforeLeave: s.fan.BeforeLeave,
 		Removed:     s.bus.Removed},
 		log, s.fan.Enqueue)
-	verifier, err := jwtauth.New(s.jwtCtx, jwtauth.Config{HMACSecret: cfg.JWTHMACSecret, PublicKeyFile: cfg.JWTPublicKeyFile,
+	verifier, err := jwtauth.New(s.background, jwtauth.Config{HMACSecret: cfg.JWTHMACSecret, PublicKeyFile: cfg.JWTPublicKeyFile,
 		JWKSURL: cfg.JWTJWKSURL, Issuer: cfg.JWTIssuer, Audience: cfg.JWTAudience, DeviceClaim: cfg.JWTDeviceClaim})
 	if err != nil {
 		return nil, err
@@ -223,6 +226,9 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Server, e
 		Online:   s.fan.Online, Notify: s.fan.ToUser}, log, s.reg)
 	s.fan.Start(s.gw)
 	if s.ps, err = s.bus.Subscribe(ctx); err != nil {
+		return nil, err
+	}
+	if s.lifecycleFrom, err = s.bus.LifecycleFrom(ctx); err != nil {
 		return nil, err
 	}
 
@@ -285,8 +291,9 @@ func (s *Server) Start(ctx context.Context) error {
 		fanout.Serve(s.ps, s.gw, s.gw.Kick, func(r fanout.Removal) {
 			s.events.Forget(r.Conv, r.Users)
 			s.removalNotices.Inc()
-		}, s.gw.Lifecycle)
+		})
 	})
+	s.goroutine(func() { s.bus.FollowLifecycle(s.background, s.lifecycleFrom, s.gw.Lifecycle) })
 	s.goroutine(s.keepLease)
 	if err := s.rows.Start(ctx); err != nil {
 		return err
@@ -430,6 +437,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	var err error
 	s.once.Do(func() {
 		close(s.stop)
+		s.stopBackground()
 		err = s.gw.Shutdown(ctx)
 		for _, srv := range s.httpServers {
 			_ = srv.Shutdown(ctx)
@@ -442,7 +450,6 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		dctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		_ = s.routes.DropLease(dctx)
 		cancel()
-		s.jwtStop()
 		s.wg.Wait()
 		s.closeStores()
 	})
