@@ -134,6 +134,9 @@ func (s *Session) expireAt(exp time.Time) {
 	if s.expTimer != nil {
 		s.expTimer.Stop()
 	}
+	if s.closed.Load() {
+		return // OnClose stopped the timer already; keep no new one
+	}
 	s.expTimer = time.AfterFunc(time.Until(exp), s.checkExpiry)
 }
 

@@ -90,22 +90,22 @@ func (h clusterReloadHook) check(err error) bool {
 // Server is one parleyd process.
 type Server struct {
 	// Static after New.
-	cfg     config.Config
-	log     *slog.Logger
-	reg     *prometheus.Registry
-	st      *store.Store
-	rdb     redis.UniversalClient
-	routes  *route.Table
-	events  *eventlog.Log
-	cursors *cursor.Cursors
-	fan     *fanout.Fanout
-	rows    *fanout.Rows
-	bus     *fanout.Bus
-	gw      *conn.Gateway
-	adminLn net.Listener
-	metrLn  net.Listener
-	ps      *redis.PubSub
-	background  context.Context // ends the JWKS refresh and the lifecycle reader (stopBackground, at Shutdown)
+	cfg            config.Config
+	log            *slog.Logger
+	reg            *prometheus.Registry
+	st             *store.Store
+	rdb            redis.UniversalClient
+	routes         *route.Table
+	events         *eventlog.Log
+	cursors        *cursor.Cursors
+	fan            *fanout.Fanout
+	rows           *fanout.Rows
+	bus            *fanout.Bus
+	gw             *conn.Gateway
+	adminLn        net.Listener
+	metrLn         net.Listener
+	ps             *redis.PubSub
+	background     context.Context // ends the JWKS refresh and the lifecycle reader (stopBackground, at Shutdown)
 	stopBackground context.CancelFunc
 	// lifecycleFrom: the lifecycle notice to read after (those before
 	// were announced before this process started).
