@@ -296,7 +296,8 @@ func TestJWTRefreshAndExpiry(t *testing.T) {
 	if k.Reason != wire.KickExpired {
 		t.Fatalf("kick = %+v", k)
 	}
-	if late := time.Since(exp2); late < 0 || late > 500*time.Millisecond {
+	// Never before exp; soon after it (the bound allows for a loaded machine).
+	if late := time.Since(exp2); late < 0 || late > 1500*time.Millisecond {
 		t.Errorf("kicked %v after exp", late)
 	}
 	r.expectClosed(3 * time.Second)

@@ -30,6 +30,9 @@ const MaxLen = 8 << 10
 // checked. (A live session is still closed at exp itself.)
 const Leeway = 30 * time.Second
 
+// jwksFetchTimeout bounds one fetch of the JWKS document.
+const jwksFetchTimeout = 5 * time.Second
+
 // UnknownKIDRefetch is how often, at most, an unknown key id makes the
 // JWKS document be fetched again.
 const UnknownKIDRefetch = 30 * time.Second
@@ -106,12 +109,14 @@ func New(ctx context.Context, cfg Config) (*Verifier, error) {
 	}
 	if cfg.JWKSURL != "" {
 		k, err := keyfunc.NewDefaultOverrideCtx(ctx, []string{cfg.JWKSURL}, keyfunc.Override{
-			HTTPTimeout: 5 * time.Second,
+			HTTPTimeout: jwksFetchTimeout,
 			// An unknown kid fetches the set again at most once per
 			// UnknownKIDRefetch; in between it fails at once rather than
-			// making the auth wait.
+			// making the auth wait (the limiter refuses a wait longer
+			// than RateLimitWaitMax outright; that bound also covers the
+			// fetch itself).
 			RefreshUnknownKID: rate.NewLimiter(rate.Every(UnknownKIDRefetch), 1),
-			RateLimitWaitMax:  time.Millisecond,
+			RateLimitWaitMax:  jwksFetchTimeout,
 			RefreshErrorHandlerFunc: func(u string) func(context.Context, error) {
 				return func(context.Context, error) {} // a failed fetch fails the auths that needed it
 			},
