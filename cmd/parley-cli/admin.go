@@ -31,6 +31,10 @@ func runAdmin(ctx context.Context, args []string, stdout, stderr io.Writer) int 
   device ID USER              create a device of USER; prints its token
   group ID|- MEMBER...        create a group (-: the server picks the id)
   conv ID                     show a conversation (kind, head, members, mode)
+  show-user ID                show a user: suspended?, devices, which are connected
+  revoke DEVICE               revoke a device (its connections are kicked; for good)
+  rotate DEVICE               give a device a new token (printed; the old one fails)
+  suspend USER, unsuspend USER
 
 Flags:
 `)
@@ -80,8 +84,21 @@ Flags:
 			return bad("usage: conv ID")
 		}
 		method, path = "GET", "/v1/conversations/"+url.PathEscape(a[1])
+	case "show-user", "revoke", "rotate", "suspend", "unsuspend":
+		if len(a) != 2 {
+			return bad("usage: " + a[0] + " ID")
+		}
+		id := url.PathEscape(a[1])
+		call := map[string][2]string{
+			"show-user": {"GET", "/v1/users/" + id},
+			"revoke":    {"DELETE", "/v1/devices/" + id},
+			"rotate":    {"POST", "/v1/devices/" + id + "/token"},
+			"suspend":   {"POST", "/v1/users/" + id + "/suspend"},
+			"unsuspend": {"POST", "/v1/users/" + id + "/unsuspend"},
+		}[a[0]]
+		method, path = call[0], call[1]
 	default:
-		return bad(fmt.Sprintf("unknown command %q (user, device, group, conv)", a[0]))
+		return bad(fmt.Sprintf("unknown command %q (user, device, group, conv, show-user, revoke, rotate, suspend, unsuspend)", a[0]))
 	}
 
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
@@ -114,6 +131,12 @@ Flags:
 	var r struct {
 		ID, User, Token, Kind, Title, Mode string
 		Head, Members                      int64
+		Suspended                          bool
+		Devices                            []struct {
+			ID           string
+			Connected    bool
+			InstallEpoch int64 `json:"install_epoch"`
+		}
 	}
 	_ = json.Unmarshal(reply, &r)
 	switch a[0] {
@@ -128,6 +151,18 @@ Flags:
 		fmt.Fprintf(stdout, "created group %s (head %d)\n", r.ID, r.Head)
 	case "conv":
 		fmt.Fprintf(stdout, "%s: %s, head %d, %d members, mode %s\n", r.ID, r.Kind, r.Head, r.Members, r.Mode)
+	case "show-user":
+		fmt.Fprintf(stdout, "%s: suspended %v, %d devices\n", r.ID, r.Suspended, len(r.Devices))
+		for _, d := range r.Devices {
+			fmt.Fprintf(stdout, "  %s  connected %v  install_epoch %d\n", d.ID, d.Connected, d.InstallEpoch)
+		}
+	case "revoke":
+		fmt.Fprintf(stdout, "revoked device %s\n", r.ID)
+	case "rotate":
+		fmt.Fprintln(stdout, r.Token) // alone on stdout, as for device
+		fmt.Fprintf(stderr, "new token of device %s (shown once; the old one fails from now on)\n", r.ID)
+	case "suspend", "unsuspend":
+		fmt.Fprintf(stdout, "user %s: suspended %v\n", r.ID, r.Suspended)
 	}
 	return exitOK
 }

@@ -269,3 +269,39 @@ sending:
 		}
 	}
 }
+
+// TestCLILifecycle: show-user, rotate, revoke, suspend and unsuspend.
+func TestCLILifecycle(t *testing.T) {
+	env := parleytest.Start(t, parleytest.Config(t))
+	admin := func(args ...string) (int, string, string) {
+		t.Helper()
+		return cli(t, "", append([]string{"admin", "-admin", env.AdminURL, "-token", parleytest.AdminToken}, args...)...)
+	}
+	admin("user", "lu")
+	admin("device", "lu-1", "lu")
+	code, out, _ := admin("device", "lu-2", "lu")
+	tok2 := strings.TrimSpace(out)
+	if code, out, errOut := admin("show-user", "lu"); code != 0 || !strings.HasPrefix(out, "lu: suspended false, 2 devices\n") || !strings.Contains(out, "  lu-1  connected false  install_epoch 0\n") {
+		t.Fatalf("show-user: %d %q %q", code, out, errOut)
+	}
+	code, out, errOut := admin("rotate", "lu-2")
+	newTok := strings.TrimSpace(out)
+	if code != 0 || newTok == "" || newTok == tok2 || strings.Contains(newTok, " ") || !strings.Contains(errOut, "shown once") {
+		t.Fatalf("rotate: %d %q %q", code, out, errOut)
+	}
+	if code, out, _ := admin("revoke", "lu-1"); code != 0 || out != "revoked device lu-1\n" {
+		t.Fatalf("revoke: %d %q", code, out)
+	}
+	if code, out, _ := admin("suspend", "lu"); code != 0 || out != "user lu: suspended true\n" {
+		t.Fatalf("suspend: %d %q", code, out)
+	}
+	if code, out, _ := admin("-json", "show-user", "lu"); code != 0 || !strings.Contains(out, `"suspended":true`) || strings.Contains(out, "lu-1") {
+		t.Fatalf("show-user -json: %d %q", code, out)
+	}
+	if code, out, _ := admin("unsuspend", "lu"); code != 0 || out != "user lu: suspended false\n" {
+		t.Fatalf("unsuspend: %d %q", code, out)
+	}
+	if code, out, _ := admin("-json", "revoke", "nope"); code != 1 || decode[errorOut](t, "revoke nope", out).Error != "NOT_FOUND" {
+		t.Fatalf("revoke nope: %d %q", code, out)
+	}
+}
