@@ -162,6 +162,12 @@ const (
 	authBatch = 256
 	// combineWorkers is how many statements of each kind may run at once.
 	combineWorkers = 4
+	// provisionWorkers is how many provisioning statements (first JWT
+	// logins) may run at once: each is a write transaction whose commit
+	// waits for the WAL flush, so fewer, bigger batches cost PostgreSQL
+	// less than many small ones, and one batch gathers the first logins
+	// that arrive while the other commits.
+	provisionWorkers = 2
 )
 
 // deviceLookup is the answer to one auth's device lookup.
@@ -199,7 +205,7 @@ func (g *Gateway) initCombiners() {
 		sizes: g.metrics.combined.WithLabelValues("auth"),
 	}
 	g.provisions = combiner[store.NewLogin, deviceLookup]{
-		g: g, workers: combineWorkers, max: authBatch,
+		g: g, workers: provisionWorkers, max: authBatch,
 		run: func(ctx context.Context, ls []store.NewLogin) ([]deviceLookup, error) {
 			if err := g.deps.Store.ProvisionDevices(ctx, ls); err != nil {
 				return nil, err
