@@ -239,6 +239,20 @@ func (c *Conn) Recall(ctx context.Context, conv string, seq int64) (wire.Message
 	return c.Do(ctx, wire.Request{T: wire.TRecall, Conv: conv, Seq: seq})
 }
 
+// Edit replaces the body of this user's message at seq (an edit event).
+func (c *Conn) Edit(ctx context.Context, conv string, seq int64, body []byte) (wire.Message, error) {
+	if body == nil {
+		body = []byte{}
+	}
+	return c.Do(ctx, wire.Request{T: wire.TEdit, Conv: conv, Seq: seq, Body: body})
+}
+
+// Clear hides the events of conv up to seq from all this user's devices
+// ("delete for me") and raises the read position to at least seq.
+func (c *Conn) Clear(ctx context.Context, conv string, seq int64) (wire.Message, error) {
+	return c.Do(ctx, wire.Request{T: wire.TClear, Conv: conv, Seq: seq, Has: wire.FSeq})
+}
+
 // CreateGroup creates a group (id "" lets the server choose).
 func (c *Conn) CreateGroup(ctx context.Context, id, title string, members ...string) (wire.Message, error) {
 	return c.Do(ctx, wire.Request{T: wire.TConvCreate, Kind: "group", Conv: id, Title: title, Members: members})

@@ -91,6 +91,23 @@ func (c *Client) Recall(ctx context.Context, conv string, seq int64) (wire.Messa
 	return r, err
 }
 
+// Edit replaces the body of this user's message at seq. The edit event
+// (reply's Seq) reaches OnEvent; its Target is seq.
+func (c *Client) Edit(ctx context.Context, conv string, seq int64, body []byte) (wire.Message, error) {
+	r, err := c.do(ctx, func(ctx context.Context, conn *Conn) (wire.Message, error) { return conn.Edit(ctx, conv, seq, body) })
+	if err == nil {
+		c.follow(conv, r.Seq)
+	}
+	return r, err
+}
+
+// Clear hides conv's events up to seq from all this user's devices
+// ("delete for me"); the reply carries the merged cleared and read
+// positions and the unread count.
+func (c *Client) Clear(ctx context.Context, conv string, seq int64) (wire.Message, error) {
+	return c.do(ctx, func(ctx context.Context, conn *Conn) (wire.Message, error) { return conn.Clear(ctx, conv, seq) })
+}
+
 // Convs lists a page of the user's conversations (limit 0: server default;
 // pass the previous reply's Cursor for the next page).
 func (c *Client) Convs(ctx context.Context, limit int, cursor string) (wire.Message, error) {

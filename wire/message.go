@@ -25,6 +25,7 @@ type Message struct {
 	Delivered    int64    `msgpack:"delivered,omitempty"`
 	Read         int64    `msgpack:"read,omitempty"`
 	Unread       int64    `msgpack:"unread,omitempty"`
+	Cleared      int64    `msgpack:"cleared,omitempty"`
 	Items        []Item   `msgpack:"items,omitempty"`
 	Cursor       string   `msgpack:"cursor,omitempty"`
 	Target       int64    `msgpack:"target,omitempty"`
@@ -50,6 +51,7 @@ type Item struct {
 	MinSeq    int64   `msgpack:"min_seq,omitempty"`
 	Delivered int64   `msgpack:"delivered,omitempty"`
 	Read      int64   `msgpack:"read"`
+	Cleared   int64   `msgpack:"cleared,omitempty"`
 	Unread    int64   `msgpack:"unread"`
 	LastTs    int64   `msgpack:"last_ts,omitempty"`
 	Events    []Event `msgpack:"events,omitempty"`
@@ -61,7 +63,7 @@ type Item struct {
 func (it *Item) ConvItem() ConvItem {
 	return ConvItem{Conv: it.Conv, Kind: it.Kind, Title: it.Title, Mode: it.Mode,
 		Epoch: it.Epoch, Head: it.Head, MinSeq: it.MinSeq, Delivered: it.Delivered,
-		Read: it.Read, Unread: it.Unread, LastTs: it.LastTs}
+		Read: it.Read, Cleared: it.Cleared, Unread: it.Unread, LastTs: it.LastTs}
 }
 
 // SnapshotItem returns the snapshot_ok view of it.
@@ -261,6 +263,8 @@ func (r *reader) event(depth int, ev *Event) *Error {
 			return r.getInt("target", &ev.Target)
 		case "users":
 			return r.getStrs("users", &ev.Users)
+		case "edited":
+			return r.getInt("edited", &ev.Edited)
 		}
 		return r.skip(depth + 1)
 	})
@@ -289,6 +293,8 @@ func (r *reader) item(depth int, it *Item) *Error {
 			return r.getInt("read", &it.Read)
 		case "unread":
 			return r.getInt("unread", &it.Unread)
+		case "cleared":
+			return r.getInt("cleared", &it.Cleared)
 		case "last_ts":
 			return r.getInt("last_ts", &it.LastTs)
 		case "events":
@@ -352,6 +358,8 @@ func (m *Message) decode(r *reader) *Error {
 			return r.getInt("read", &m.Read)
 		case "unread":
 			return r.getInt("unread", &m.Unread)
+		case "cleared":
+			return r.getInt("cleared", &m.Cleared)
 		case "items":
 			if cl := r.peek(); cl != clArray {
 				return badField("items", cl)
@@ -423,6 +431,10 @@ func messageType(p []byte) string {
 		return TSnapshotOK
 	case TRecallOK:
 		return TRecallOK
+	case TEditOK:
+		return TEditOK
+	case TClearOK:
+		return TClearOK
 	case TPush:
 		return TPush
 	case THint:

@@ -17,6 +17,8 @@ const (
 	TConvs      = "convs"
 	TSnapshot   = "snapshot"
 	TRecall     = "recall"
+	TEdit       = "edit"
+	TClear      = "clear"
 
 	// server → client replies
 	TAuthOK       = "auth_ok"
@@ -30,6 +32,8 @@ const (
 	TConvsOK      = "convs_ok"
 	TSnapshotOK   = "snapshot_ok"
 	TRecallOK     = "recall_ok"
+	TEditOK       = "edit_ok"
+	TClearOK      = "clear_ok"
 
 	// server → client pushes
 	TPush        = "push"
@@ -45,6 +49,7 @@ const (
 	KindJoin   = "join"
 	KindLeave  = "leave"
 	KindRecall = "recall"
+	KindEdit   = "edit"
 )
 
 // Conversation kinds (conv_create.kind).
@@ -194,12 +199,15 @@ type Event struct {
 	Recalled bool     `msgpack:"recalled,omitempty"`
 	Target   int64    `msgpack:"target,omitempty"`
 	Users    []string `msgpack:"users,omitempty"`
+	// Edited is the ts of the message's newest edit (msg only; Body is
+	// then the edited body).
+	Edited int64 `msgpack:"edited,omitempty"`
 }
 
 func (ev Event) appendMsgpack(b []byte) []byte { return ev.appendTo(b) }
 
 func (ev *Event) appendTo(b []byte) []byte {
-	b = appendMapLen(b, 5+count(ev.Cmid != "", ev.Recalled, ev.Target != 0, len(ev.Users) > 0))
+	b = appendMapLen(b, 5+count(ev.Cmid != "", ev.Recalled, ev.Target != 0, len(ev.Users) > 0, ev.Edited != 0))
 	b = kvInt(b, "seq", ev.Seq)
 	b = kvStr(b, "kind", ev.Kind)
 	b = kvStr(b, "sender", ev.Sender)
@@ -216,6 +224,9 @@ func (ev *Event) appendTo(b []byte) []byte {
 	}
 	if len(ev.Users) > 0 {
 		b = kvStrs(b, "users", ev.Users)
+	}
+	if ev.Edited != 0 {
+		b = kvInt(b, "edited", ev.Edited)
 	}
 	return b
 }
@@ -314,6 +325,7 @@ type ConvItem struct {
 	MinSeq    int64  `msgpack:"min_seq"`
 	Delivered int64  `msgpack:"delivered"`
 	Read      int64  `msgpack:"read"`
+	Cleared   int64  `msgpack:"cleared"`
 	Unread    int64  `msgpack:"unread"`
 	LastTs    int64  `msgpack:"last_ts"`
 }
@@ -321,7 +333,7 @@ type ConvItem struct {
 func (it ConvItem) appendMsgpack(b []byte) []byte { return it.appendTo(b) }
 
 func (it *ConvItem) appendTo(b []byte) []byte {
-	b = appendMapLen(b, 10+count(it.Title != ""))
+	b = appendMapLen(b, 11+count(it.Title != ""))
 	b = kvStr(b, "conv", it.Conv)
 	b = kvStr(b, "kind", it.Kind)
 	if it.Title != "" {
@@ -333,6 +345,7 @@ func (it *ConvItem) appendTo(b []byte) []byte {
 	b = kvInt(b, "min_seq", it.MinSeq)
 	b = kvInt(b, "delivered", it.Delivered)
 	b = kvInt(b, "read", it.Read)
+	b = kvInt(b, "cleared", it.Cleared)
 	b = kvInt(b, "unread", it.Unread)
 	return kvInt(b, "last_ts", it.LastTs)
 }
@@ -444,6 +457,52 @@ func (r RecallOK) appendMsgpack(b []byte) []byte {
 
 // EncodeMsgpack implements msgpack.CustomEncoder.
 func (r RecallOK) EncodeMsgpack(e *msgpack.Encoder) error { return encodeCustom(e, r) }
+
+// EditOK answers edit: Seq is the edit event's seq, Target the edited
+// message's.
+type EditOK struct {
+	T      string `msgpack:"t"`
+	Rid    string `msgpack:"rid"`
+	Conv   string `msgpack:"conv"`
+	Seq    int64  `msgpack:"seq"`
+	Target int64  `msgpack:"target"`
+}
+
+func (r EditOK) appendMsgpack(b []byte) []byte {
+	b = appendMapLen(b, 5)
+	b = kvStr(b, "t", orT(r.T, TEditOK))
+	b = kvStr(b, "rid", r.Rid)
+	b = kvStr(b, "conv", r.Conv)
+	b = kvInt(b, "seq", r.Seq)
+	return kvInt(b, "target", r.Target)
+}
+
+// EncodeMsgpack implements msgpack.CustomEncoder.
+func (r EditOK) EncodeMsgpack(e *msgpack.Encoder) error { return encodeCustom(e, r) }
+
+// ClearOK answers clear: the user's merged cleared and read positions and
+// unread count.
+type ClearOK struct {
+	T       string `msgpack:"t"`
+	Rid     string `msgpack:"rid"`
+	Conv    string `msgpack:"conv"`
+	Cleared int64  `msgpack:"cleared"`
+	Read    int64  `msgpack:"read"`
+	Unread  int64  `msgpack:"unread"`
+}
+
+func (r ClearOK) appendMsgpack(b []byte) []byte {
+	b = appendMapLen(b, 6)
+	b = kvStr(b, "t", orT(r.T, TClearOK))
+	b = kvStr(b, "rid", r.Rid)
+	b = kvStr(b, "conv", r.Conv)
+	b = kvInt(b, "cleared", r.Cleared)
+	b = kvInt(b, "read", r.Read)
+	return kvInt(b, "unread", r.Unread)
+}
+
+// EncodeMsgpack implements msgpack.CustomEncoder.
+func (r ClearOK) EncodeMsgpack(e *msgpack.Encoder) error { return encodeCustom(e, r) }
 
 // Push carries one new event to a device (no rid).
 type Push struct {

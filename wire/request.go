@@ -101,8 +101,10 @@ func specOf(t string) (fieldSpec, bool) {
 		return fieldSpec{FConv | FCmid | FBody, FRid | FMentionAll}, true
 	case TSync:
 		return fieldSpec{FConv | FAfter, FRid | FLimit}, true
-	case TAck, TRead, TRecall:
+	case TAck, TRead, TRecall, TClear:
 		return fieldSpec{FConv | FSeq, FRid}, true
+	case TEdit:
+		return fieldSpec{FConv | FSeq | FBody, FRid}, true
 	case TConvs:
 		return fieldSpec{0, FRid | FLimit | FCursor}, true
 	case TSnapshot:
@@ -139,6 +141,10 @@ func requestType(name []byte) string {
 		return TSnapshot
 	case TRecall:
 		return TRecall
+	case TEdit:
+		return TEdit
+	case TClear:
+		return TClear
 	}
 	return ""
 }
@@ -161,7 +167,7 @@ func wrongType(field string, cl uint8) *Error {
 //     seq/after/limit, a missing or empty required field (auth: device, token;
 //     conv_create: kind ("group"|"direct"), members; members_add: conv, users;
 //     leave: conv; send: conv, cmid, body; sync: conv, after; ack, read,
-//     recall: conv, seq; snapshot: convs with a conv and an after in every
+//     recall, clear: conv, seq; edit: conv, seq, body; snapshot: convs with a conv and an after in every
 //     element). Msg names the field.
 //
 // On error the returned Request carries T (when it is a valid type) and Rid
