@@ -108,6 +108,25 @@ func (c *Client) Clear(ctx context.Context, conv string, seq int64) (wire.Messag
 	return c.do(ctx, func(ctx context.Context, conn *Conn) (wire.Message, error) { return conn.Clear(ctx, conv, seq) })
 }
 
+// Typing tells conv's other members this user is typing (no reply).
+func (c *Client) Typing(ctx context.Context, conv string) error {
+	_, err := c.do(ctx, func(ctx context.Context, conn *Conn) (wire.Message, error) { return wire.Message{}, conn.Typing(conv) })
+	return err
+}
+
+// Receipts returns the read positions of conv's current members.
+func (c *Client) Receipts(ctx context.Context, conv string) (wire.Message, error) {
+	return c.do(ctx, func(ctx context.Context, conn *Conn) (wire.Message, error) { return conn.Receipts(ctx, conv) })
+}
+
+// SetReceiptsPrivate hides (or shows) this user's read positions from
+// other members.
+func (c *Client) SetReceiptsPrivate(ctx context.Context, private bool) (wire.Message, error) {
+	return c.do(ctx, func(ctx context.Context, conn *Conn) (wire.Message, error) {
+		return conn.SetReceiptsPrivate(ctx, private)
+	})
+}
+
 // Convs lists a page of the user's conversations (limit 0: server default;
 // pass the previous reply's Cursor for the next page).
 func (c *Client) Convs(ctx context.Context, limit int, cursor string) (wire.Message, error) {

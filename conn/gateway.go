@@ -45,6 +45,9 @@ type Deps struct {
 	Online func(ctx context.Context, user, device string, token int64) error
 	// Notify sends a frame to the user's online devices but one.
 	Notify func(ctx context.Context, user, exceptDevice string, frame []byte) error
+	// Receipts coalesces receipt pushes over gateways (nil: no receipt
+	// pushes).
+	Receipts *ReceiptGate
 }
 
 // Gateway is the gnet event handler and the registry of its sessions.
@@ -63,6 +66,9 @@ type Gateway struct {
 	// Reads of many connections answered together (combine.go).
 	snapshots combiner[store.SnapshotQuery, []store.SnapshotItem]
 	lookups   combiner[string, deviceLookup] // auth: device id -> row
+
+	members         memberLists     // current members, for typing and receipts
+	pendingReceipts pendingReceipts // receipts waiting for their window
 
 	coalesce coalescer // sessions with coalesced pushes to flush
 	held     heldAcks  // sessions holding rid-less acks (ack_coalesce)
@@ -84,6 +90,7 @@ func New(cfg config.Config, deps Deps, log *slog.Logger, reg prometheus.Register
 		booted:    make(chan struct{}), stopping: make(chan struct{}),
 		sessions: map[*Session]struct{}{}, devices: map[string]*Session{},
 	}
+	g.members.st = deps.Store
 	g.initCombiners()
 	if cfg.PushCoalesce > 0 {
 		g.goroutine(func() { g.every(cfg.PushCoalesce, g.coalesce.flush) })

@@ -69,6 +69,12 @@ func (g *Gateway) handle(s *Session, req *wire.Request, start time.Time) {
 		g.edit(ctx, s, req)
 	case wire.TClear:
 		g.clear(ctx, s, req)
+	case wire.TTyping:
+		g.typing(ctx, s, req, start)
+	case wire.TReceipts:
+		g.receipts(ctx, s, req)
+	case wire.TSettings:
+		g.settings(ctx, s, req)
 	default: // the decoder admits only the types above
 		g.answer(s, req, wire.Errorf(wire.Internal, "unexpected request type %s", req.T), nil)
 	}
@@ -308,6 +314,7 @@ func (g *Gateway) read(s *Session, req *wire.Request, start time.Time) {
 			return
 		}
 		g.readAdvanced(s, conv, r.Read, r.Unread)
+		g.readMoved(s.user, conv, r.Read)
 	})
 }
 

@@ -34,6 +34,8 @@ var (
 	routeSetSrc string
 	//go:embed route_del.lua
 	routeDelSrc string
+	//go:embed receipt_gate.lua
+	receiptGateSrc string
 )
 
 // The scripts.
@@ -43,9 +45,11 @@ var (
 	HashMax  = redis.NewScript(hashMaxSrc)
 	RouteSet = redis.NewScript(routeSetSrc)
 	RouteDel = redis.NewScript(routeDelSrc)
+	// ReceiptGate coalesces read receipts per (conversation, user).
+	ReceiptGate = redis.NewScript(receiptGateSrc)
 )
 
-var all = []*redis.Script{SeqAlloc, SeqFloor, HashMax, RouteSet, RouteDel}
+var all = []*redis.Script{SeqAlloc, SeqFloor, HashMax, RouteSet, RouteDel, ReceiptGate}
 
 // Load loads every script into Redis. On a cluster it loads them into
 // every master (it fails if one cannot be reached: EVALSHA goes there) and,

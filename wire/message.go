@@ -6,37 +6,39 @@ import "fmt"
 // of the fields of every reply and push type. T tells which fields are
 // meaningful; absent fields are zero.
 type Message struct {
-	T            string   `msgpack:"t"`
-	Rid          string   `msgpack:"rid,omitempty"`
-	User         string   `msgpack:"user,omitempty"`
-	Device       string   `msgpack:"device,omitempty"`
-	InstallEpoch int64    `msgpack:"install_epoch,omitempty"`
-	Ts           int64    `msgpack:"ts,omitempty"`
-	Conv         string   `msgpack:"conv,omitempty"`
-	Head         int64    `msgpack:"head,omitempty"`
-	Cmid         string   `msgpack:"cmid,omitempty"`
-	Seq          int64    `msgpack:"seq,omitempty"`
-	Dup          bool     `msgpack:"dup,omitempty"`
-	Epoch        int64    `msgpack:"epoch,omitempty"`
-	MinSeq       int64    `msgpack:"min_seq,omitempty"`
-	Upto         int64    `msgpack:"upto,omitempty"`
-	More         bool     `msgpack:"more,omitempty"`
-	Events       []Event  `msgpack:"events,omitempty"`
-	Delivered    int64    `msgpack:"delivered,omitempty"`
-	Read         int64    `msgpack:"read,omitempty"`
-	Unread       int64    `msgpack:"unread,omitempty"`
-	Cleared      int64    `msgpack:"cleared,omitempty"`
-	Items        []Item   `msgpack:"items,omitempty"`
-	Cursor       string   `msgpack:"cursor,omitempty"`
-	Target       int64    `msgpack:"target,omitempty"`
-	Kind         string   `msgpack:"kind,omitempty"`
-	Sender       string   `msgpack:"sender,omitempty"`
-	Body         []byte   `msgpack:"body,omitempty"`
-	Users        []string `msgpack:"users,omitempty"`
-	Reason       string   `msgpack:"reason,omitempty"`
-	Code         Code     `msgpack:"code,omitempty"`
-	Msg          string   `msgpack:"msg,omitempty"`
-	RetryAfterMs int64    `msgpack:"retry_after_ms,omitempty"`
+	T               string     `msgpack:"t"`
+	Rid             string     `msgpack:"rid,omitempty"`
+	User            string     `msgpack:"user,omitempty"`
+	Device          string     `msgpack:"device,omitempty"`
+	InstallEpoch    int64      `msgpack:"install_epoch,omitempty"`
+	Ts              int64      `msgpack:"ts,omitempty"`
+	Conv            string     `msgpack:"conv,omitempty"`
+	Head            int64      `msgpack:"head,omitempty"`
+	Cmid            string     `msgpack:"cmid,omitempty"`
+	Seq             int64      `msgpack:"seq,omitempty"`
+	Dup             bool       `msgpack:"dup,omitempty"`
+	Epoch           int64      `msgpack:"epoch,omitempty"`
+	MinSeq          int64      `msgpack:"min_seq,omitempty"`
+	Upto            int64      `msgpack:"upto,omitempty"`
+	More            bool       `msgpack:"more,omitempty"`
+	Events          []Event    `msgpack:"events,omitempty"`
+	Delivered       int64      `msgpack:"delivered,omitempty"`
+	Read            int64      `msgpack:"read,omitempty"`
+	Unread          int64      `msgpack:"unread,omitempty"`
+	Cleared         int64      `msgpack:"cleared,omitempty"`
+	Reads           []UserRead `msgpack:"reads,omitempty"`
+	ReceiptsPrivate bool       `msgpack:"receipts_private,omitempty"`
+	Items           []Item     `msgpack:"items,omitempty"`
+	Cursor          string     `msgpack:"cursor,omitempty"`
+	Target          int64      `msgpack:"target,omitempty"`
+	Kind            string     `msgpack:"kind,omitempty"`
+	Sender          string     `msgpack:"sender,omitempty"`
+	Body            []byte     `msgpack:"body,omitempty"`
+	Users           []string   `msgpack:"users,omitempty"`
+	Reason          string     `msgpack:"reason,omitempty"`
+	Code            Code       `msgpack:"code,omitempty"`
+	Msg             string     `msgpack:"msg,omitempty"`
+	RetryAfterMs    int64      `msgpack:"retry_after_ms,omitempty"`
 }
 
 // Item is one element of convs_ok.items or snapshot_ok.items: the union of
@@ -360,6 +362,34 @@ func (m *Message) decode(r *reader) *Error {
 			return r.getInt("unread", &m.Unread)
 		case "cleared":
 			return r.getInt("cleared", &m.Cleared)
+		case "receipts_private":
+			return r.getBool("receipts_private", &m.ReceiptsPrivate)
+		case "reads":
+			if cl := r.peek(); cl != clArray {
+				return badField("reads", cl)
+			}
+			n, err := r.arrayLen()
+			if err != nil {
+				return err
+			}
+			out := make([]UserRead, 0, min(n, prealloc))
+			for i := 0; i < n; i++ {
+				var ur UserRead
+				if err := r.mapKeys("reads item", depth+2, func(k []byte) *Error {
+					switch string(k) {
+					case "user":
+						return r.getStr("user", &ur.User)
+					case "read":
+						return r.getInt("read", &ur.Read)
+					}
+					return r.skip(depth + 3)
+				}); err != nil {
+					return err
+				}
+				out = append(out, ur)
+			}
+			m.Reads = out
+			return nil
 		case "items":
 			if cl := r.peek(); cl != clArray {
 				return badField("items", cl)
@@ -435,6 +465,14 @@ func messageType(p []byte) string {
 		return TEditOK
 	case TClearOK:
 		return TClearOK
+	case TReceiptsOK:
+		return TReceiptsOK
+	case TSettingsOK:
+		return TSettingsOK
+	case TTyping:
+		return TTyping
+	case TReceipt:
+		return TReceipt
 	case TPush:
 		return TPush
 	case THint:

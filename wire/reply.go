@@ -19,6 +19,9 @@ const (
 	TRecall     = "recall"
 	TEdit       = "edit"
 	TClear      = "clear"
+	TTyping     = "typing" // also the relayed push
+	TReceipts   = "receipts"
+	TSettings   = "settings"
 
 	// server → client replies
 	TAuthOK       = "auth_ok"
@@ -34,11 +37,14 @@ const (
 	TRecallOK     = "recall_ok"
 	TEditOK       = "edit_ok"
 	TClearOK      = "clear_ok"
+	TReceiptsOK   = "receipts_ok"
+	TSettingsOK   = "settings_ok"
 
 	// server → client pushes
 	TPush        = "push"
 	THint        = "hint"
 	TReadChanged = "read_changed"
+	TReceipt     = "receipt"
 	TKick        = "kick"
 	TError       = "error"
 )
@@ -503,6 +509,92 @@ func (r ClearOK) appendMsgpack(b []byte) []byte {
 
 // EncodeMsgpack implements msgpack.CustomEncoder.
 func (r ClearOK) EncodeMsgpack(e *msgpack.Encoder) error { return encodeCustom(e, r) }
+
+// Typing tells a device that user is typing in conv (relayed, never
+// stored).
+type Typing struct {
+	T    string `msgpack:"t"`
+	Conv string `msgpack:"conv"`
+	User string `msgpack:"user"`
+}
+
+func (r Typing) appendMsgpack(b []byte) []byte {
+	b = appendMapLen(b, 3)
+	b = kvStr(b, "t", orT(r.T, TTyping))
+	b = kvStr(b, "conv", r.Conv)
+	return kvStr(b, "user", r.User)
+}
+
+// EncodeMsgpack implements msgpack.CustomEncoder.
+func (r Typing) EncodeMsgpack(e *msgpack.Encoder) error { return encodeCustom(e, r) }
+
+// UserRead is one member's read position (receipts_ok.reads).
+type UserRead struct {
+	User string `msgpack:"user"`
+	Read int64  `msgpack:"read"`
+}
+
+// ReceiptsOK answers receipts: the current members' read positions (those
+// of users with private receipts left out). Reads is always written.
+type ReceiptsOK struct {
+	T     string     `msgpack:"t"`
+	Rid   string     `msgpack:"rid"`
+	Conv  string     `msgpack:"conv"`
+	Reads []UserRead `msgpack:"reads"`
+}
+
+func (r ReceiptsOK) appendMsgpack(b []byte) []byte {
+	b = appendMapLen(b, 4)
+	b = kvStr(b, "t", orT(r.T, TReceiptsOK))
+	b = kvStr(b, "rid", r.Rid)
+	b = kvStr(b, "conv", r.Conv)
+	b = appendArrayLen(appendStr(b, "reads"), len(r.Reads))
+	for _, u := range r.Reads {
+		b = appendMapLen(b, 2)
+		b = kvStr(b, "user", u.User)
+		b = kvInt(b, "read", u.Read)
+	}
+	return b
+}
+
+// EncodeMsgpack implements msgpack.CustomEncoder.
+func (r ReceiptsOK) EncodeMsgpack(e *msgpack.Encoder) error { return encodeCustom(e, r) }
+
+// SettingsOK answers settings with the user's settings after it.
+type SettingsOK struct {
+	T               string `msgpack:"t"`
+	Rid             string `msgpack:"rid"`
+	ReceiptsPrivate bool   `msgpack:"receipts_private"`
+}
+
+func (r SettingsOK) appendMsgpack(b []byte) []byte {
+	b = appendMapLen(b, 3)
+	b = kvStr(b, "t", orT(r.T, TSettingsOK))
+	b = kvStr(b, "rid", r.Rid)
+	return kvBool(b, "receipts_private", r.ReceiptsPrivate)
+}
+
+// EncodeMsgpack implements msgpack.CustomEncoder.
+func (r SettingsOK) EncodeMsgpack(e *msgpack.Encoder) error { return encodeCustom(e, r) }
+
+// Receipt tells a device that user's read position in conv advanced.
+type Receipt struct {
+	T    string `msgpack:"t"`
+	Conv string `msgpack:"conv"`
+	User string `msgpack:"user"`
+	Read int64  `msgpack:"read"`
+}
+
+func (r Receipt) appendMsgpack(b []byte) []byte {
+	b = appendMapLen(b, 4)
+	b = kvStr(b, "t", orT(r.T, TReceipt))
+	b = kvStr(b, "conv", r.Conv)
+	b = kvStr(b, "user", r.User)
+	return kvInt(b, "read", r.Read)
+}
+
+// EncodeMsgpack implements msgpack.CustomEncoder.
+func (r Receipt) EncodeMsgpack(e *msgpack.Encoder) error { return encodeCustom(e, r) }
 
 // Push carries one new event to a device (no rid).
 type Push struct {

@@ -11,22 +11,23 @@ import (
 // are zero; Has tells which keys were present (a key whose value is msgpack
 // nil counts as absent).
 type Request struct {
-	T, Rid        string
-	Device, Token string // auth
-	Conv          string
-	Cmid          string
-	Kind          string // conv_create: "group" or "direct"
-	Title         string
-	Cursor        string
-	Body          []byte // owns its memory (copied out of the input)
-	Seq           int64
-	After         int64
-	Limit         int64
-	Members       []string    // conv_create
-	Users         []string    // members_add
-	Convs         []ConvAfter // snapshot
-	MentionAll    bool
-	Has           Field // bit set of keys present
+	T, Rid          string
+	Device, Token   string // auth
+	Conv            string
+	Cmid            string
+	Kind            string // conv_create: "group" or "direct"
+	Title           string
+	Cursor          string
+	Body            []byte // owns its memory (copied out of the input)
+	Seq             int64
+	After           int64
+	Limit           int64
+	Members         []string    // conv_create
+	Users           []string    // members_add
+	Convs           []ConvAfter // snapshot
+	MentionAll      bool
+	ReceiptsPrivate bool  // settings
+	Has             Field // bit set of keys present
 }
 
 // ConvAfter is one element of snapshot.convs.
@@ -56,11 +57,13 @@ const (
 	FUsers
 	FConvs
 	FMentionAll
+	FReceiptsPrivate
 )
 
 var fieldNames = [...]string{
 	"rid", "device", "token", "conv", "cmid", "kind", "title", "cursor",
 	"body", "seq", "after", "limit", "members", "users", "convs", "mention_all",
+	"receipts_private",
 }
 
 // String returns the wire names of the fields in f, separated by '|'.
@@ -105,6 +108,10 @@ func specOf(t string) (fieldSpec, bool) {
 		return fieldSpec{FConv | FSeq, FRid}, true
 	case TEdit:
 		return fieldSpec{FConv | FSeq | FBody, FRid}, true
+	case TTyping, TReceipts:
+		return fieldSpec{FConv, FRid}, true
+	case TSettings:
+		return fieldSpec{FReceiptsPrivate, FRid}, true
 	case TConvs:
 		return fieldSpec{0, FRid | FLimit | FCursor}, true
 	case TSnapshot:
@@ -145,6 +152,12 @@ func requestType(name []byte) string {
 		return TEdit
 	case TClear:
 		return TClear
+	case TTyping:
+		return TTyping
+	case TReceipts:
+		return TReceipts
+	case TSettings:
+		return TSettings
 	}
 	return ""
 }
@@ -167,7 +180,8 @@ func wrongType(field string, cl uint8) *Error {
 //     seq/after/limit, a missing or empty required field (auth: device, token;
 //     conv_create: kind ("group"|"direct"), members; members_add: conv, users;
 //     leave: conv; send: conv, cmid, body; sync: conv, after; ack, read,
-//     recall, clear: conv, seq; edit: conv, seq, body; snapshot: convs with a conv and an after in every
+//     recall, clear: conv, seq; edit: conv, seq, body; typing, receipts:
+//     conv; settings: receipts_private; snapshot: convs with a conv and an after in every
 //     element). Msg names the field.
 //
 // On error the returned Request carries T (when it is a valid type) and Rid
@@ -363,6 +377,14 @@ func (q *Request) field(r *reader, key []byte, cl uint8) *Error {
 		r.off++
 		q.Has |= FMentionAll
 		return nil
+	case "receipts_private":
+		if cl != clBool {
+			return wrongType("receipts_private", cl)
+		}
+		q.ReceiptsPrivate = r.b[r.off] == 0xc3
+		r.off++
+		q.Has |= FReceiptsPrivate
+		return nil
 	}
 	return r.skip(2)
 }
@@ -524,6 +546,7 @@ func (q *Request) present() Field {
 	set(q.Users != nil, FUsers)
 	set(q.Convs != nil, FConvs)
 	set(q.MentionAll, FMentionAll)
+	set(q.ReceiptsPrivate, FReceiptsPrivate)
 	return f
 }
 
@@ -585,6 +608,8 @@ func (q Request) appendMsgpack(b []byte) []byte {
 			}
 		case FMentionAll:
 			b = appendBool(b, q.MentionAll)
+		case FReceiptsPrivate:
+			b = appendBool(b, q.ReceiptsPrivate)
 		}
 	}
 	return b

@@ -1,4 +1,4 @@
--- Message edits and "delete for me".
+-- Message edits, "delete for me", and private read receipts.
 --
 -- An edit is an event of its own (kind 5: target, the new body, the
 -- editor as sender). The edited message keeps its row: its body is
@@ -10,8 +10,11 @@
 -- cleared_seq is a user's "delete for me" position in a conversation
 -- (max-merged, written under the user's read lock like read_seq, and never
 -- above it): the user's devices are given no event at or below it.
--- Both are nullable or have a constant default: adding them rewrites no
--- rows.
+-- users.receipts_private: the user's read positions are not shown to
+-- other members (receipts, receipt pushes).
+-- Every new column is nullable or has a constant default: adding them
+-- rewrites no rows.
 
 ALTER TABLE events ADD COLUMN edited_ts bigint, ADD COLUMN edited_by bigint;
 ALTER TABLE read_positions ADD COLUMN cleared_seq bigint NOT NULL DEFAULT 0;
+ALTER TABLE users ADD COLUMN receipts_private boolean NOT NULL DEFAULT false;
