@@ -133,10 +133,10 @@ func TestCLI(t *testing.T) {
 	// convs, seen by ben: one unread message.
 	code, out, errOut = as("ben-cli", benTok, "-json", "convs")
 	type conv struct {
-		Conv, Kind, Mode                     string
+		Conv, Kind, Mode                              string
 		Epoch, Head, Delivered, Read, Cleared, Unread int64
-		MinSeq                               int64 `json:"min_seq"`
-		LastTs                               int64 `json:"last_ts"`
+		MinSeq                                        int64 `json:"min_seq"`
+		LastTs                                        int64 `json:"last_ts"`
 	}
 	convs := decode[struct{ Items []conv }](t, "convs", out)
 	if code != 0 || len(convs.Items) != 1 {
