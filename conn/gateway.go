@@ -45,6 +45,10 @@ type Deps struct {
 	Online func(ctx context.Context, user, device string, token int64) error
 	// Notify sends a frame to the user's online devices but one.
 	Notify func(ctx context.Context, user, exceptDevice string, frame []byte) error
+	// NotifyMany sends a frame to every online device of users, best
+	// effort: it never waits (a frame it cannot queue is dropped). Typing
+	// and receipts go this way. Nil: through Notify, user by user.
+	NotifyMany func(users []string, frame []byte) error
 	// Receipts coalesces receipt pushes over gateways (nil: no receipt
 	// pushes).
 	Receipts *ReceiptGate

@@ -49,7 +49,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "parley_gateway_acks_held_committed_total", Help: "Held acks handed to the commit queue: one per device and conversation per ack_coalesce, whatever parley_gateway_acks_held_total received."}),
 	}
 	m.typing = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "parley_gateway_typing_total", Help: "Typing frames received from members, by outcome (relayed; dropped_rate: over one per device and conversation per 2 s; skipped_tier: not a push-tier conversation)."}, []string{"outcome"})
+		Name: "parley_gateway_typing_total", Help: "Typing frames received from members, by outcome (relayed; dropped_rate: over one per device and conversation per 2 s; dropped_busy: the frame queue was full; skipped_tier: not a push-tier conversation)."}, []string{"outcome"})
 	m.receipts = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "parley_gateway_receipts_sent_total", Help: "Receipt pushes sent (each to every other current member's online devices), after coalescing."})
 	m.pushesOut = m.framesOut.WithLabelValues(wire.TPush)

@@ -131,14 +131,9 @@ func (g *Gateway) sendReceipt(k convUser, read int64, fresh bool) {
 	if err != nil {
 		return
 	}
-	for _, u := range members {
-		if u == k.user {
-			continue
-		}
-		if err := g.deps.Notify(ctx, u, "", frame); err != nil {
-			g.log.Debug("receipt", "err", err)
-			return
-		}
+	if err := g.toOthers(ctx, members, k.user, frame); err != nil {
+		g.log.Debug("receipt", "err", err)
+		return
 	}
 	g.metrics.receipts.Inc()
 }

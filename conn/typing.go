@@ -38,16 +38,34 @@ func (g *Gateway) typing(ctx context.Context, s *Session, req *wire.Request, now
 		g.answer(s, req, err, nil)
 		return
 	}
-	for _, u := range members {
-		if u == s.user {
-			continue
-		}
-		if err := g.deps.Notify(ctx, u, "", frame); err != nil {
-			g.log.Debug("typing", "err", err)
-			return
-		}
+	if err := g.toOthers(ctx, members, s.user, frame); err != nil {
+		g.metrics.typing.WithLabelValues("dropped_busy").Inc()
+		return
 	}
 	g.metrics.typing.WithLabelValues("relayed").Inc()
+}
+
+// toOthers sends frame to the online devices of members other than
+// user, best effort (NotifyMany never waits).
+func (g *Gateway) toOthers(ctx context.Context, members []string, user string, frame []byte) error {
+	others := make([]string, 0, len(members))
+	for _, u := range members {
+		if u != user {
+			others = append(others, u)
+		}
+	}
+	if len(others) == 0 {
+		return nil
+	}
+	if g.deps.NotifyMany != nil {
+		return g.deps.NotifyMany(others, frame)
+	}
+	for _, u := range others {
+		if err := g.deps.Notify(ctx, u, "", frame); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // allowTyping reports whether a typing frame of this connection in conv
