@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -44,17 +45,34 @@ type DialOptions struct {
 	OnServerFrame func(wire.Message)
 	// Dialer, if set, dials the TCP connection (e.g. from another 127.0.0.x).
 	Dialer *net.Dialer
+	// TLS, if set, wraps the connection in TLS (for a TCP address; a
+	// wss:// address uses it for its TLS).
+	TLS *tls.Config
 	// MaxFrame is the largest frame accepted from the server (default 16 MiB).
 	MaxFrame int
 }
 
-// Dial connects to addr and authenticates as device with token.
+// Dial connects to addr and authenticates as device with token. addr is
+// a TCP host:port, or a WebSocket URL (ws://host:port/v1/ws, wss://…).
 func Dial(ctx context.Context, addr, device, token string, opt DialOptions) (*Conn, error) {
 	d := opt.Dialer
 	if d == nil {
 		d = &net.Dialer{}
 	}
-	nc, err := d.DialContext(ctx, "tcp", addr)
+	var nc net.Conn
+	var err error
+	if IsWebSocketURL(addr) {
+		nc, err = DialWebSocket(ctx, addr, d, opt.TLS)
+	} else {
+		nc, err = d.DialContext(ctx, "tcp", addr)
+		if err == nil && opt.TLS != nil {
+			tc := tls.Client(nc, opt.TLS)
+			if err = tc.HandshakeContext(ctx); err != nil {
+				nc.Close()
+			}
+			nc = tc
+		}
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -130,7 +130,7 @@ func (c *Client) dial() (*Conn, *session, error) {
 	s := &session{c: c}
 	ctx, cancel := context.WithTimeout(c.ctx, c.opt.RequestTimeout)
 	defer cancel()
-	conn, err := Dial(ctx, c.opt.Addr, c.opt.Device, c.opt.Token, DialOptions{OnServerFrame: s.onFrame, Dialer: c.opt.Dialer})
+	conn, err := Dial(ctx, c.opt.Addr, c.opt.Device, c.opt.Token, DialOptions{OnServerFrame: s.onFrame, Dialer: c.opt.Dialer, TLS: c.opt.TLS})
 	return conn, s, err
 }
 

@@ -10,6 +10,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"net/netip"
 	"os"
 	"reflect"
 	"strconv"
@@ -78,6 +80,23 @@ type Config struct {
 	AuthBurst int `yaml:"auth_burst" default:"5000"`
 	// IdleTimeout closes a connection that sent nothing for this long.
 	IdleTimeout time.Duration `yaml:"idle_timeout" default:"90s"`
+
+	// ProxyProtocol is "off" or "on". On: every gateway connection (TCP
+	// and WebSocket) must come from an address in ProxyTrusted and begin
+	// with a PROXY protocol v1 or v2 header, whose source address is the
+	// client's address; anything else is closed before any frame.
+	ProxyProtocol string `yaml:"proxy_protocol" default:"off"`
+	// ProxyTrusted is a comma-separated list of CIDRs (or single
+	// addresses) of the proxies allowed to connect when ProxyProtocol is on.
+	ProxyTrusted string `yaml:"proxy_trusted" default:"127.0.0.1/32,::1/128"`
+	// WSListen is the gateway's WebSocket address (GET /v1/ws, subprotocol
+	// parley.msgpack), served by the same event loops as Listen. Empty: off.
+	WSListen string `yaml:"ws_listen" default:""`
+	// WSOrigins is a comma-separated list of the Origin values a WebSocket
+	// handshake may carry (scheme://host[:port]); a handshake with another
+	// Origin is refused with 403. Empty: any. A handshake without Origin
+	// (not from a browser) is always accepted.
+	WSOrigins string `yaml:"ws_origins" default:""`
 	// RequestTimeout bounds the work of one request against the stores.
 	RequestTimeout time.Duration `yaml:"request_timeout" default:"10s"`
 
@@ -238,7 +257,60 @@ func (c Config) Validate() error {
 	if c.SnapshotTail < 1 || c.SnapshotFullMax < c.SnapshotTail {
 		errs = append(errs, errors.New("need 1 <= snapshot_tail <= snapshot_full_max"))
 	}
+	if c.ProxyProtocol != "off" && c.ProxyProtocol != "on" {
+		errs = append(errs, errors.New("proxy_protocol must be off or on"))
+	}
+	if _, err := c.ProxyTrustedPrefixes(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.WSListen != "" {
+		if _, port, err := net.SplitHostPort(c.WSListen); err != nil || port == "0" || port == "" {
+			errs = append(errs, errors.New("ws_listen must be host:port with a port other than 0"))
+		} else if c.WSListen == c.Listen {
+			errs = append(errs, errors.New("ws_listen must differ from listen"))
+		}
+	}
 	return errors.Join(errs...)
+}
+
+// ProxyTrustedPrefixes parses ProxyTrusted: CIDRs, or single addresses
+// (a /32 or /128).
+func (c Config) ProxyTrustedPrefixes() ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, f := range strings.Split(c.ProxyTrusted, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		if !strings.Contains(f, "/") {
+			a, err := netip.ParseAddr(f)
+			if err != nil {
+				return nil, fmt.Errorf("proxy_trusted: %w", err)
+			}
+			out = append(out, netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen()))
+			continue
+		}
+		p, err := netip.ParsePrefix(f)
+		if err != nil {
+			return nil, fmt.Errorf("proxy_trusted: %w", err)
+		}
+		if p.Addr().Is4In6() {
+			p = netip.PrefixFrom(p.Addr().Unmap(), max(0, p.Bits()-96))
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
+}
+
+// WSOriginList returns WSOrigins split at commas (nil: any origin).
+func (c Config) WSOriginList() []string {
+	var out []string
+	for _, f := range strings.Split(c.WSOrigins, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
 }
 
 // Keys lists every key with its default, in declaration order (used by the

@@ -124,10 +124,10 @@ func (g *Gateway) wireError(s *Session, req *wire.Request, err error) *wire.Erro
 	case errors.Is(err, store.ErrEditWindow):
 		return wire.Errorf(wire.EditWindow, "the edit window (%s) has passed", g.cfg.EditWindow)
 	case backend.IsUnavailable(err):
-		g.log.Warn("request failed: backend unavailable", "type", req.T, "rid", req.Rid, "conv", req.Conv, "device", s.device, "err", err)
+		g.log.Warn("request failed: backend unavailable", "type", req.T, "rid", req.Rid, "conv", req.Conv, "device", s.device, "addr", s.addr, "err", err)
 		return wire.Errorf(wire.Unavailable, "a backend is unavailable; retry later")
 	}
-	g.log.Error("request failed: internal error", "type", req.T, "rid", req.Rid, "conv", req.Conv, "device", s.device, "err", err)
+	g.log.Error("request failed: internal error", "type", req.T, "rid", req.Rid, "conv", req.Conv, "device", s.device, "addr", s.addr, "err", err)
 	return wire.Errorf(wire.Internal, "internal error")
 }
 
@@ -145,6 +145,7 @@ func (g *Gateway) auth(ctx context.Context, s *Session, req *wire.Request) {
 		want = make([]byte, len(sum)) // compare anyway: same work for unknown devices
 	}
 	if subtle.ConstantTimeCompare(sum[:], want) != 1 || !found.found {
+		g.log.Debug("auth failed", "device", req.Device, "addr", s.addr)
 		s.fail(req.Rid, wire.Errorf(wire.AuthFailed, "unknown device or bad token"))
 		return
 	}
@@ -181,6 +182,7 @@ func (g *Gateway) auth(ctx context.Context, s *Session, req *wire.Request) {
 		_ = g.deps.Routes.RemoveOnline(ctx, s.device, s.token)
 		return
 	}
+	g.log.Debug("authenticated", "device", dev.ID, "user", dev.User, "addr", s.addr, "websocket", s.ws != nil)
 	g.answer(s, req, nil, wire.AuthOK{T: wire.TAuthOK, Rid: req.Rid, User: dev.User, Device: dev.ID,
 		InstallEpoch: dev.InstallEpoch, Ts: time.Now().UnixMilli()})
 }

@@ -1,10 +1,12 @@
 package conn
 
 import (
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/gobwas/ws"
 	"github.com/panjf2000/gnet/v2"
 
 	"github.com/parley-im/parley/cursor"
@@ -23,10 +25,21 @@ type Session struct {
 	c      gnet.Conn
 	id     uint64 // keeps this connection's acks and reads in order in their commit queues
 	opened time.Time
+	ws     *wsConn // the WebSocket state; nil on the TCP listener
+
+	// addr is the client's address: the peer's, or the one a trusted
+	// proxy's PROXY header names. Written by the event loop before the
+	// first frame is read (OnOpen, then the header); read-only after.
+	addr netip.Addr
 
 	// Owned by the event loop.
-	gotFirst bool // the first frame (which must be auth) arrived
-	inbound  int  // bytes left unread in gnet's inbound buffer after OnTraffic
+	gotFirst   bool // the first frame (which must be auth) arrived
+	inbound    int  // bytes left unread in gnet's inbound buffer after OnTraffic
+	needsProxy bool // the PROXY header has not arrived yet
+
+	// framing: the PROXY header and the WebSocket handshake are behind
+	// us, frames may be written (before, a final frame just closes).
+	framing atomic.Bool
 
 	// Written once by the auth handler before authed is set; read-only after.
 	user   string
@@ -82,9 +95,14 @@ type queued struct {
 
 var sessionIDs atomic.Uint64
 
-func newSession(g *Gateway, c gnet.Conn) *Session {
+func newSession(g *Gateway, c gnet.Conn, addr netip.Addr, ws bool) *Session {
 	now := time.Now()
-	s := &Session{g: g, c: c, opened: now, id: sessionIDs.Add(1)}
+	s := &Session{g: g, c: c, opened: now, id: sessionIDs.Add(1), addr: addr}
+	if ws {
+		s.ws = &wsConn{}
+	}
+	s.needsProxy = g.proxyOn
+	s.framing.Store(!s.needsProxy && !ws)
 	s.lastSeen.Store(now.UnixNano())
 	return s
 }
@@ -272,8 +290,24 @@ func (s *Session) flushLocked() {
 	if s.scheduled || len(s.out) == 0 {
 		return
 	}
-	data := s.out
-	s.out, s.spare = s.spare[:0], nil
+	var data []byte
+	if s.ws != nil {
+		// Each frame becomes one binary message; a final frame is
+		// followed by the close frame.
+		if s.ws.closeSent {
+			s.out = s.out[:0]
+			return
+		}
+		data = appendWSMessages(s.spare[:0], s.out)
+		if s.kick && s.ws.closeCode != 0 {
+			data = appendWSClose(data, s.ws.closeCode)
+			s.ws.closeSent = true
+		}
+		s.out, s.spare = s.out[:0], nil
+	} else {
+		data = s.out
+		s.out, s.spare = s.spare[:0], nil
+	}
 	s.scheduled = true
 	if err := s.c.AsyncWrite(data, s.written(data)); err != nil {
 		s.scheduled = false
@@ -342,11 +376,44 @@ func (s *Session) fail(rid string, e *wire.Error) {
 // read it).
 func (s *Session) finalFrame(v any) {
 	s.closing.Store(true)
+	if !s.framing.Load() {
+		// Still reading the PROXY header or the WebSocket handshake: the
+		// peer does not speak frames yet.
+		s.close()
+		return
+	}
 	frame, _ := wire.AppendFrame(nil, v)
 	s.omu.Lock()
 	s.out = append(s.out, frame...)
 	s.kick = true
+	if s.ws != nil && s.ws.closeCode == 0 {
+		s.ws.closeCode = wsCloseCode(v)
+	}
 	s.flushLocked()
+	s.omu.Unlock()
+	time.AfterFunc(2*time.Second, s.close)
+}
+
+// wsFail sends a WebSocket close frame with code (after whatever the
+// outbox holds) and closes the connection.
+func (s *Session) wsFail(code ws.StatusCode) {
+	s.closing.Store(true)
+	s.omu.Lock()
+	if s.ws.closeCode == 0 {
+		s.ws.closeCode = code
+	}
+	s.kick = true
+	if !s.scheduled && len(s.out) == 0 && !s.ws.closeSent {
+		// Nothing to flush: the close frame goes alone.
+		s.ws.closeSent = true
+		s.scheduled = true
+		data := appendWSClose(nil, s.ws.closeCode)
+		if err := s.c.AsyncWrite(data, s.written(data)); err != nil {
+			s.scheduled = false
+		}
+	} else {
+		s.flushLocked()
+	}
 	s.omu.Unlock()
 	time.AfterFunc(2*time.Second, s.close)
 }

@@ -248,6 +248,28 @@ func (s *Server) MetricSum(name string) float64 {
 	return sum
 }
 
+// MetricWith is MetricSum over the samples whose label has value.
+func (s *Server) MetricWith(name, label, value string) float64 {
+	mfs, err := s.reg.Gather()
+	if err != nil {
+		return 0
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label && l.GetValue() == value {
+					sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	return sum
+}
+
 // FanoutPending is how many committed events wait for fan-out (tests use
 // it to wait until pushes went out).
 func (s *Server) FanoutPending() int64 { return s.fan.Pending() }
