@@ -85,6 +85,7 @@ type Config struct {
 	ServerPID   int            // if > 0, report the server's CPU per send
 	CPUPIDs     map[string]int // more processes (with their descendants) to report CPU for, by name
 	Client      ClientMode     // default ClientPipe
+	Transport   string         // "tcp" (default) or "ws": WebSocket to ws://Addr/v1/ws (every scenario but storm)
 	AckDelay    time.Duration  // each device acks its conversations' cursors at most this often, like client.Client's AutoAck (default 50ms; negative: never)
 	MaxInflight int64          // default DefaultMaxInflight
 	Prefix      string         // id prefix of this run (default: random)
@@ -294,6 +295,16 @@ func (c *Config) Validate() error {
 	}
 	if c.Sources < 1 || c.Sources > MaxSources {
 		bad("sources must be 1 to %d", MaxSources)
+	}
+	switch c.Transport {
+	case "", "tcp":
+		c.Transport = "tcp"
+	case "ws":
+		if c.Scenario == "storm" {
+			bad("transport ws applies to every scenario but storm")
+		}
+	default:
+		bad("transport must be tcp or ws")
 	}
 	if c.Client != ClientPipe && c.Client != ClientDo {
 		bad("client must be %q or %q", ClientPipe, ClientDo)

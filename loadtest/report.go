@@ -20,6 +20,7 @@ type Report struct {
 	RunPrefix   string     `json:"run_prefix"`
 	Addr        string     `json:"addr"`
 	Client      ClientMode `json:"client"`
+	Transport   string     `json:"transport"`
 	Pairs       int        `json:"pairs,omitempty"`
 	Groups      int        `json:"groups,omitempty"`     // group: how many groups
 	GroupSize   int        `json:"group_size,omitempty"` // group, storm: members per conversation
@@ -155,8 +156,8 @@ func (rep *Report) WriteTable(w io.Writer) {
 		rep.writeStormTable(w)
 		return
 	}
-	fmt.Fprintf(w, "%s: %.1fs at %.0f/s target, %d connections, body %d B, client %s, run %s\n",
-		rep.Scenario, rep.DurationS, rep.TargetRate, rep.Connections, rep.BodySize, rep.Client, rep.RunPrefix)
+	fmt.Fprintf(w, "%s: %.1fs at %.0f/s target, %d connections over %s, body %d B, client %s, run %s\n",
+		rep.Scenario, rep.DurationS, rep.TargetRate, rep.Connections, rep.Transport, rep.BodySize, rep.Client, rep.RunPrefix)
 	switch rep.Scenario {
 	case "group":
 		fmt.Fprintf(w, "%d groups × %d members (one device each)\n", rep.Groups, rep.GroupSize)
@@ -272,7 +273,7 @@ func (r *runner) finish(start, end, drainEnd int64, cpu map[string]time.Duration
 	rep.Sources = r.cfg.Sources
 	rep.FDLimit = r.fdLimit
 	rep.RunPrefix = r.cfg.Prefix
-	rep.Addr = r.cfg.Addr
+	rep.Addr, rep.Transport = r.cfg.Addr, r.cfg.Transport
 	rep.ConnectRateLimited = r.connectLimited.Load()
 	if r.backlogSeen.Load() {
 		peak := r.backlogPeak.Load()
@@ -490,8 +491,8 @@ func (rep *Report) writeErrors(w io.Writer) {
 
 func (rep *Report) writeIdleTable(w io.Writer) {
 	ir := rep.Idle
-	fmt.Fprintf(w, "idle: %d of %d connections (connected in %.1fs), held %.1fs, ping every %gs, run %s\n",
-		ir.Connected, ir.Conns, ir.ConnectS, ir.HoldS, ir.PingIntervalS, rep.RunPrefix)
+	fmt.Fprintf(w, "idle: %d of %d connections over %s (connected in %.1fs), held %.1fs, ping every %gs, run %s\n",
+		ir.Connected, ir.Conns, rep.Transport, ir.ConnectS, ir.HoldS, ir.PingIntervalS, rep.RunPrefix)
 	fmt.Fprintf(w, "server RSS: %.1f MiB before, %.1f MiB connected, %.1f MiB after the hold (%s)\n",
 		mib(ir.ServerRSSBefore), mib(ir.ServerRSSConnected), mib(ir.ServerRSSAfter), ir.RSSSource)
 	fmt.Fprintf(w, "server RSS per connection: %.0f bytes (%.2f KiB)\n", ir.RSSPerConnBytes, ir.RSSPerConnBytes/1024)

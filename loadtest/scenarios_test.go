@@ -20,6 +20,9 @@ func runScenario(t *testing.T, env *parleytest.Env, cfg Config) *Report {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	cfg.Addr, cfg.AdminURL, cfg.AdminToken = env.Addr, env.AdminURL, parleytest.AdminToken
+	if cfg.Transport == "ws" {
+		cfg.Addr = env.WSAddr
+	}
 	cfg.Out, cfg.Live = &out, LiveLines
 	rep, err := Run(ctx, cfg)
 	if err != nil {

@@ -44,7 +44,8 @@ func run(args []string) int {
 	cfg := loadtest.Config{Scenario: args[0]}
 	fs := flag.NewFlagSet("parley-load "+args[0], flag.ContinueOnError)
 	fs.Usage = func() { usage(fs) }
-	fs.StringVar(&cfg.Addr, "addr", "127.0.0.1:7070", "gateway `host:port`")
+	fs.StringVar(&cfg.Addr, "addr", "127.0.0.1:7070", "gateway `host:port` (with -transport ws: its ws_listen)")
+	fs.StringVar(&cfg.Transport, "transport", "tcp", "tcp, or ws: WebSocket to ws://ADDR/v1/ws (every scenario but storm)")
 	fs.StringVar(&cfg.AdminURL, "admin", "http://127.0.0.1:8081", "admin API `URL`")
 	fs.StringVar(&cfg.AdminToken, "token", "", "admin `token` (default: $PARLEY_ADMIN_TOKEN)")
 	fs.Float64Var(&cfg.Rate, "rate", 0, "target sends per second, `N`, aggregate over all senders (required by direct, group, large, mixed)")
