@@ -287,7 +287,7 @@ func (s *Session) knows(conv string, seq int64) bool {
 
 // flushLocked schedules an AsyncWrite of the outbox if none is queued.
 func (s *Session) flushLocked() {
-	if s.scheduled || len(s.out) == 0 {
+	if s.scheduled || (len(s.out) == 0 && !s.wsClosePending()) {
 		return
 	}
 	var data []byte
@@ -336,9 +336,13 @@ func (s *Session) written(data []byte) gnet.AsyncCallback {
 			}
 			s.behind = nil
 		}
-		if len(s.out) > 0 {
+		if len(s.out) > 0 || s.wsClosePending() {
 			s.flushLocked()
-			return nil
+			if s.scheduled {
+				return nil // this write's completion goes on from here
+			}
+			// Nothing was written (a WebSocket that sent its close frame
+			// drops what came after it).
 		}
 		if s.kick {
 			_ = c.Close()
@@ -403,19 +407,15 @@ func (s *Session) wsFail(code ws.StatusCode) {
 		s.ws.closeCode = code
 	}
 	s.kick = true
-	if !s.scheduled && len(s.out) == 0 && !s.ws.closeSent {
-		// Nothing to flush: the close frame goes alone.
-		s.ws.closeSent = true
-		s.scheduled = true
-		data := appendWSClose(nil, s.ws.closeCode)
-		if err := s.c.AsyncWrite(data, s.written(data)); err != nil {
-			s.scheduled = false
-		}
-	} else {
-		s.flushLocked()
-	}
+	s.flushLocked() // now, or when the write in flight completes
 	s.omu.Unlock()
 	time.AfterFunc(2*time.Second, s.close)
+}
+
+// wsClosePending reports whether a WebSocket close frame is due and not
+// sent yet. omu must be held.
+func (s *Session) wsClosePending() bool {
+	return s.ws != nil && s.kick && s.ws.closeCode != 0 && !s.ws.closeSent
 }
 
 func (s *Session) close() {

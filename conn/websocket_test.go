@@ -518,6 +518,17 @@ func TestWebSocketMessages(t *testing.T) {
 		})
 	}
 
+	// A protocol error right behind a request: the reply (whose write may
+	// still be in flight) goes out, then the close frame.
+	t.Run("ProtocolErrorBehindAReply", func(t *testing.T) {
+		t.Parallel()
+		w, _ := authedWS(t, env)
+		ping := wsFrameBytes(ws.OpBinary, true, true, mustFrame(t, wire.Request{T: wire.TPing, Rid: "p"})[wire.HeaderLen:])
+		w.write(append(ping, wsFrameBytes(ws.OpBinary, true, false, nil)...))
+		w.expect(wire.TPong)
+		w.expectClose(ws.StatusProtocolError)
+	})
+
 	t.Run("ClientClose", func(t *testing.T) {
 		t.Parallel()
 		w, _ := authedWS(t, env)
