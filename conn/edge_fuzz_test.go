@@ -329,4 +329,18 @@ func TestAppendWSMessages(t *testing.T) {
 	if rd.Len() != 0 {
 		t.Fatalf("%d bytes left", rd.Len())
 	}
+	// In place: the same messages, while every frame fits 65535 bytes.
+	if _, ok := wsMessagesInPlace(append([]byte(nil), frames...)); ok {
+		t.Fatal("a frame of 65536 bytes converted in place")
+	}
+	var small []byte
+	for _, n := range []int{0, 1, 125, 126, 127, 300, 65535, 3} {
+		small = binary.BigEndian.AppendUint32(small, uint32(n))
+		small = append(small, bytes.Repeat([]byte{byte(n % 251)}, n)...)
+	}
+	want := appendWSMessages(nil, small)
+	got, ok := wsMessagesInPlace(small)
+	if !ok || !bytes.Equal(got, want) {
+		t.Fatalf("in place: ok %v, %d bytes, want %d", ok, len(got), len(want))
+	}
 }

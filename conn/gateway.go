@@ -76,6 +76,7 @@ type Gateway struct {
 	proxyTrusted []netip.Prefix // proxy_trusted
 	wsAddr       netip.AddrPort // ws_listen (an unspecified address: any)
 	wsOrigins    []string       // ws_origins (nil: any)
+	wsUpgrader   ws.Upgrader
 	// Reads of many connections answered together (combine.go).
 	snapshots combiner[store.SnapshotQuery, []store.SnapshotItem]
 	lookups   combiner[string, deviceLookup] // auth: device id -> row
@@ -108,6 +109,7 @@ func New(cfg config.Config, deps Deps, log *slog.Logger, reg prometheus.Register
 	g.proxyOn = cfg.ProxyProtocol == "on"
 	g.proxyTrusted, _ = cfg.ProxyTrustedPrefixes() // checked by cfg.Validate
 	g.wsOrigins = cfg.WSOriginList()
+	g.wsUpgrader = g.newWSUpgrader()
 	if cfg.WSListen != "" {
 		if ap, err := netip.ParseAddrPort(cfg.WSListen); err == nil {
 			g.wsAddr = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
@@ -399,9 +401,8 @@ func (g *Gateway) wsTraffic(s *Session, c gnet.Conn, now time.Time) gnet.Action 
 			_, _ = c.Write([]byte("HTTP/1.1 431 Request Header Fields Too Large\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"))
 			return gnet.Close
 		}
-		resp, reason, ok := g.wsUpgrade(buf[:n])
+		reason, ok := g.wsUpgrade(buf[:n], func(resp []byte) { _, _ = c.Write(resp) })
 		_, _ = c.Discard(n)
-		_, _ = c.Write(resp)
 		if !ok {
 			g.metrics.wsHandshakes.WithLabelValues(reason).Inc()
 			g.log.Debug("WebSocket handshake refused", "addr", s.addr, "reason", reason)

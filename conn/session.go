@@ -298,12 +298,19 @@ func (s *Session) flushLocked() {
 			s.out = s.out[:0]
 			return
 		}
-		data = appendWSMessages(s.spare[:0], s.out)
+		// In place when it can (as on TCP, one buffer is written while
+		// the other fills), else into the spare buffer.
+		var inPlace bool
+		if data, inPlace = wsMessagesInPlace(s.out); inPlace {
+			s.out, s.spare = s.spare[:0], nil
+		} else {
+			data = appendWSMessages(s.spare[:0], s.out)
+			s.out, s.spare = s.out[:0], nil
+		}
 		if s.kick && s.ws.closeCode != 0 {
 			data = appendWSClose(data, s.ws.closeCode)
 			s.ws.closeSent = true
 		}
-		s.out, s.spare = s.out[:0], nil
 	} else {
 		data = s.out
 		s.out, s.spare = s.spare[:0], nil

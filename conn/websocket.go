@@ -4,8 +4,8 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
-	"io"
 	"strings"
+	"sync"
 
 	"github.com/gobwas/ws"
 
@@ -201,17 +201,14 @@ func wsHandshakeLen(b []byte) int {
 	return 0
 }
 
-// wsUpgrade answers the complete upgrade request req: the HTTP response to
-// write, and whether the connection is now a WebSocket (if not, reason
-// says why, for the metric, and the connection is closed after resp).
-func (g *Gateway) wsUpgrade(req []byte) (resp []byte, reason string, ok bool) {
-	var out bytes.Buffer
-	u := ws.Upgrader{
+// newWSUpgrader returns the gateway's upgrader (static: its callbacks
+// keep no per-request state, so the event loops share it).
+func (g *Gateway) newWSUpgrader() ws.Upgrader {
+	return ws.Upgrader{
 		ReadBufferSize: wsMaxHandshake,
 		OnRequest: func(uri []byte) error {
 			path, _, _ := bytes.Cut(uri, []byte("?"))
 			if string(path) != wsPath {
-				reason = "path"
 				return ws.RejectConnectionError(ws.RejectionStatus(404), ws.RejectionReason("the WebSocket endpoint is "+wsPath))
 			}
 			return nil
@@ -225,22 +222,75 @@ func (g *Gateway) wsUpgrade(req []byte) (resp []byte, reason string, ok bool) {
 					return nil
 				}
 			}
-			reason = "origin"
 			return ws.RejectConnectionError(ws.RejectionStatus(403), ws.RejectionReason("origin not allowed"))
 		},
 		Protocol: func(p []byte) bool { return string(p) == wsProtocol },
 	}
-	_, err := u.Upgrade(struct {
-		io.Reader
-		io.Writer
-	}{bytes.NewReader(req), &out})
-	if err != nil {
-		if reason == "" {
-			reason = "bad_request"
-		}
-		return out.Bytes(), reason, false
+}
+
+// wsHandshakeIO is the upgrader's view of one request: the request's
+// bytes to read, the response to write. Pooled: the handshakes of many
+// connections leave little garbage behind.
+type wsHandshakeIO struct {
+	bytes.Reader
+	out bytes.Buffer
+}
+
+func (h *wsHandshakeIO) Write(p []byte) (int, error) { return h.out.Write(p) }
+
+var wsHandshakes = sync.Pool{New: func() any { return new(wsHandshakeIO) }}
+
+// wsUpgrade answers the complete upgrade request req: it writes the HTTP
+// response with write, and says whether the connection is now a
+// WebSocket (if not, reason says why, for the metric, and the connection
+// is closed after the response).
+func (g *Gateway) wsUpgrade(req []byte, write func([]byte)) (reason string, ok bool) {
+	h := wsHandshakes.Get().(*wsHandshakeIO)
+	defer wsHandshakes.Put(h)
+	h.Reset(req)
+	h.out.Reset()
+	_, err := g.wsUpgrader.Upgrade(h)
+	write(h.out.Bytes())
+	if err == nil {
+		return "", true
 	}
-	return out.Bytes(), "", true
+	var rej *ws.ConnectionRejectedError
+	if errors.As(err, &rej) {
+		switch rej.StatusCode() {
+		case 404:
+			return "path", false
+		case 403:
+			return "origin", false
+		}
+	}
+	return "bad_request", false
+}
+
+// wsMessagesInPlace turns the length-prefixed frames in frames into
+// binary WebSocket messages in the same buffer, if every frame is at most
+// 65535 bytes (its message header is then no longer than the 4-byte
+// prefix it replaces); otherwise it returns false and leaves frames as
+// they were.
+func wsMessagesInPlace(frames []byte) ([]byte, bool) {
+	for r := 0; r+wire.HeaderLen <= len(frames); {
+		n := int(binary.BigEndian.Uint32(frames[r:]))
+		if n > 0xffff {
+			return frames, false
+		}
+		r += wire.HeaderLen + n
+	}
+	w := 0
+	for r := 0; r+wire.HeaderLen <= len(frames); {
+		n := int(binary.BigEndian.Uint32(frames[r:]))
+		// The header ends at or before r+4, where this payload begins:
+		// writing it never overwrites bytes still to be moved.
+		var hdr [4]byte
+		h := appendWSHeader(hdr[:0], ws.OpBinary, n)
+		w += copy(frames[w:], h)
+		w += copy(frames[w:], frames[r+wire.HeaderLen:r+wire.HeaderLen+n])
+		r += wire.HeaderLen + n
+	}
+	return frames[:w], true
 }
 
 // appendWSMessages appends each length-prefixed frame in frames as one
