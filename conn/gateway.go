@@ -45,6 +45,9 @@ type Deps struct {
 	Online func(ctx context.Context, user, device string, token int64) error
 	// Notify sends a frame to the user's online devices but one.
 	Notify func(ctx context.Context, user, exceptDevice string, frame []byte) error
+	// Notifications are the offline notifications (nil: none configured;
+	// notify_register is refused).
+	Notifications Notifications
 }
 
 // Gateway is the gnet event handler and the registry of its sessions.

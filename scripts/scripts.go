@@ -34,6 +34,12 @@ var (
 	routeSetSrc string
 	//go:embed route_del.lua
 	routeDelSrc string
+	//go:embed notify_put.lua
+	notifyPutSrc string
+	//go:embed notify_claim.lua
+	notifyClaimSrc string
+	//go:embed notify_done.lua
+	notifyDoneSrc string
 )
 
 // The scripts.
@@ -43,9 +49,13 @@ var (
 	HashMax  = redis.NewScript(hashMaxSrc)
 	RouteSet = redis.NewScript(routeSetSrc)
 	RouteDel = redis.NewScript(routeDelSrc)
+	// The notification queue (package notify).
+	NotifyPut   = redis.NewScript(notifyPutSrc)
+	NotifyClaim = redis.NewScript(notifyClaimSrc)
+	NotifyDone  = redis.NewScript(notifyDoneSrc)
 )
 
-var all = []*redis.Script{SeqAlloc, SeqFloor, HashMax, RouteSet, RouteDel}
+var all = []*redis.Script{SeqAlloc, SeqFloor, HashMax, RouteSet, RouteDel, NotifyPut, NotifyClaim, NotifyDone}
 
 // Load loads every script into Redis. On a cluster it loads them into
 // every master (it fails if one cannot be reached: EVALSHA goes there) and,

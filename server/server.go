@@ -31,6 +31,7 @@ import (
 	"github.com/parley-im/parley/cursor"
 	"github.com/parley-im/parley/eventlog"
 	"github.com/parley-im/parley/fanout"
+	"github.com/parley-im/parley/notify"
 	"github.com/parley-im/parley/route"
 	"github.com/parley-im/parley/scripts"
 	"github.com/parley-im/parley/seq"
@@ -100,6 +101,7 @@ type Server struct {
 	fan     *fanout.Fanout
 	rows    *fanout.Rows
 	bus     *fanout.Bus
+	notify  *notify.Notifier
 	gw      *conn.Gateway
 	adminLn net.Listener
 	metrLn  net.Listener
@@ -198,6 +200,11 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Server, e
 	s.rows = fanout.NewRows(s.rdb, cfg.RedisPrefix, s.cfg.GatewayID+"-"+s.routes.Boot(),
 		fanout.RowsConfig{Workers: cfg.FanoutWorkers, ClaimIdle: cfg.FanoutClaimIdle}, log, s.reg)
 	s.fan = fanout.New(s.st, s.routes, s.bus, s.rows, cfg.WriteFanoutMax, cfg.OnlineFanoutMax, log, s.reg, 4, cfg.AckCoalesce)
+	providers, err := notify.Providers(cfg, notify.HTTPClient(cfg))
+	if err != nil {
+		return nil, err
+	}
+	s.notify = notify.New(s.st, s.rdb, notify.ConfigOf(s.cfg), providers, s.connectedDevices, log, s.reg)
 	sends := sm.commitMetrics("send")
 	s.events = eventlog.New(s.st, seqs, eventlog.Config{HoleTimeout: cfg.HoleTimeout, CommitBatch: cfg.CommitBatch, CommitWorkers: cfg.CommitWorkers, CommitLinger: cfg.CommitLinger,
 		RecipientsBelow: cfg.WriteFanoutMax, BatchSizes: sends.Sizes,
@@ -206,10 +213,13 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Server, e
 			Refreshed: sm.memberLookups.WithLabelValues("refresh")},
 		BeforeLeave: s.fan.BeforeLeave,
 		Removed:     s.bus.Removed},
-		log, s.fan.Enqueue)
+		log, func(evs []eventlog.Committed) {
+			s.fan.Enqueue(evs)
+			s.notify.Committed(evs)
+		})
 	s.gw = conn.New(s.cfg, conn.Deps{Store: s.st, Log: s.events, Cursors: s.cursors, Routes: s.routes, Bus: s.bus, Rows: s.rows,
 		Mentions: conn.NewMentionLimiter(s.rdb, cfg.RedisPrefix, cfg.MentionAllRate, cfg.MentionAllPeriod),
-		Online:   s.fan.Online, Notify: s.fan.ToUser}, log, s.reg)
+		Online:   s.fan.Online, Notify: s.fan.ToUser, Notifications: s.notify}, log, s.reg)
 	s.fan.Start(s.gw)
 	if s.ps, err = s.bus.Subscribe(ctx); err != nil {
 		return nil, err
@@ -248,6 +258,20 @@ func (s *Server) MetricSum(name string) float64 {
 	return sum
 }
 
+// connectedDevices returns which devices of users have a live connection
+// on any gateway (the routing table).
+func (s *Server) connectedDevices(ctx context.Context, users []string) (map[string]bool, error) {
+	entries, err := s.routes.Lookup(ctx, users)
+	if err != nil {
+		return nil, err
+	}
+	on := make(map[string]bool, len(entries))
+	for _, e := range entries {
+		on[e.Device] = true
+	}
+	return on, nil
+}
+
 // FanoutPending is how many committed events wait for fan-out (tests use
 // it to wait until pushes went out).
 func (s *Server) FanoutPending() int64 { return s.fan.Pending() }
@@ -280,9 +304,15 @@ func (s *Server) Start(ctx context.Context) error {
 	if err := s.rows.Start(ctx); err != nil {
 		return err
 	}
+	s.notify.Start()
 
 	mode := func(n int64) string { return fanout.TierOf(n, s.cfg.WriteFanoutMax, s.cfg.OnlineFanoutMax).String() }
-	s.serveHTTP(s.adminLn, admin.New(s.cfg.AdminToken, s.st, s.events, s.cursors, mode, s.log))
+	api := admin.New(s.cfg.AdminToken, s.st, s.events, s.cursors, mode, s.log)
+	api.Connected(func(ctx context.Context, user, device string) (bool, error) {
+		on, err := s.connectedDevices(ctx, []string{user})
+		return on[device], err
+	})
+	s.serveHTTP(s.adminLn, api)
 	if s.metrLn != nil {
 		s.serveHTTP(s.metrLn, s.metricsMux())
 	}
@@ -416,6 +446,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		s.cursors.Close()
 		s.fan.Close()
 		s.rows.Close()
+		s.notify.Close()
 		_ = s.ps.Close()
 		dctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		_ = s.routes.DropLease(dctx)
