@@ -167,7 +167,7 @@ func TestWorkerKilledAfterSending(t *testing.T) {
 // them (its worker dies before the request).
 type dropping struct{}
 
-func (dropping) Name() string                             { return "webhook" }
+func (dropping) Name() string                              { return "webhook" }
 func (dropping) Send(context.Context, *Notification) error { return nil }
 
 // TestWorkerKilledBeforeSending: a worker that dies holding a claimed

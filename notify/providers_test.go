@@ -286,7 +286,7 @@ func writeServiceAccount(t *testing.T, tokenURI string) (string, *rsa.PrivateKey
 		t.Fatal(err)
 	}
 	sa := map[string]string{"type": "service_account", "project_id": "parley-test", "private_key_id": "k1",
-		"private_key": string(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der})),
+		"private_key":  string(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der})),
 		"client_email": "notify@parley-test.iam.gserviceaccount.com", "client_id": "1", "token_uri": tokenURI}
 	b, _ := json.Marshal(sa)
 	path := filepath.Join(t.TempDir(), "service-account.json")
