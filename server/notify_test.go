@@ -565,3 +565,85 @@ func TestNotifyBadInput(t *testing.T) {
 		t.Fatalf("convs: %+v %v", convs, err)
 	}
 }
+
+// TestNotifySurvivesKill: a parleyd killed (SIGKILL) after a message was
+// confirmed and before its notify_delay passed loses nothing: the next
+// parleyd on the same stores notifies the device, once.
+func TestNotifySurvivesKill(t *testing.T) {
+	s := newSink(t)
+	cfg := notifyConfig(t, s, 1500*time.Millisecond)
+	cfg.NotifyTimeout, cfg.NotifyLease = time.Second, 2*time.Second
+	p := parleytest.StartProcess(t, cfg)
+	env := &parleytest.Env{Addr: p.Addr, AdminURL: p.AdminURL}
+	ana := env.User(t, "ana", 1)
+	ben := env.User(t, "ben", 1)
+	env.Group(t, "g", "ana", "ben")
+	registeredOffline(t, env, ben[0])
+	ca, _ := dial(t, env, ana[0])
+	m, err := ca.Send(ctx(t), "g", "c1", []byte("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond) // confirmed and queued; notify_delay not over
+	p.Kill()
+	if got := s.received(); len(got) != 0 {
+		t.Fatalf("notified before notify_delay: %+v", got)
+	}
+	p2 := parleytest.StartProcess(t, cfg)
+	defer p2.Kill()
+	got := s.waitFor(t, ben[0].ID, 1)
+	if got[0].Seq != m.Seq {
+		t.Fatalf("got %+v, want seq %d", got, m.Seq)
+	}
+	time.Sleep(2500 * time.Millisecond) // more than a lease: nothing more may come
+	if n := len(s.of(ben[0].ID)); n != 1 {
+		t.Fatalf("%d notifications, want 1", n)
+	}
+}
+
+// TestNotifyReinstallDeletesRegistration: reinstalling a device deletes
+// its registration (GET /v1/devices/{id} shows notify: null) and its
+// messages are no longer notified; notify_unregister does the same.
+func TestNotifyReinstallDeletesRegistration(t *testing.T) {
+	s := newSink(t)
+	env := parleytest.Start(t, notifyConfig(t, s, 200*time.Millisecond))
+	ben := env.User(t, "ben", 2)
+	type device struct {
+		ID           string `json:"id"`
+		User         string `json:"user"`
+		InstallEpoch int64  `json:"install_epoch"`
+		Connected    bool   `json:"connected"`
+		Notify       *struct {
+			Provider     string `json:"provider"`
+			RegisteredAt int64  `json:"registered_at"`
+		} `json:"notify"`
+	}
+	c1, _ := dial(t, env, ben[0])
+	before := time.Now().UnixMilli()
+	register(t, c1, "webhook", "t1")
+	var d device
+	if st := env.Admin(t, "GET", "/v1/devices/"+ben[0].ID, nil, &d); st != 200 || d.ID != ben[0].ID || d.User != "ben" || !d.Connected ||
+		d.Notify == nil || d.Notify.Provider != "webhook" || d.Notify.RegisteredAt < before {
+		t.Fatalf("device: %d %+v", st, d)
+	}
+	if st := env.Admin(t, "POST", "/v1/devices/"+ben[0].ID+"/reinstall", nil, nil); st != 200 {
+		t.Fatalf("reinstall: %d", st)
+	}
+	d = device{}
+	if env.Admin(t, "GET", "/v1/devices/"+ben[0].ID, nil, &d); d.Notify != nil || d.InstallEpoch != 1 {
+		t.Fatalf("after reinstall: %+v", d)
+	}
+	c2, _ := dial(t, env, ben[1])
+	register(t, c2, "webhook", "t2")
+	if _, err := c2.Do(ctx(t), wire.Request{T: wire.TNotifyUnregister}); err != nil {
+		t.Fatal(err)
+	}
+	c2.Close()
+	d = device{}
+	if env.Admin(t, "GET", "/v1/devices/"+ben[1].ID, nil, &d); d.Notify != nil || d.Connected {
+		t.Fatalf("after unregister: %+v", d)
+	}
+	if st := env.Admin(t, "GET", "/v1/devices/nope", nil, nil); st != 404 {
+		t.Fatalf("unknown device: %d", st)
+	}
+}
