@@ -229,10 +229,16 @@ func (s *Store) UnreadTotals(ctx context.Context, users []string) (map[string]in
 }
 
 // unreadTotalsSQL sums parley_unread_of over each user's conversations
-// ($1: users).
-const unreadTotalsSQL = `SELECT k.usr, coalesce(sum(x.unread), 0)::bigint
+// ($1: users). Conversations whose head is not above the read position
+// (most of a user's, usually) have nothing unread and are skipped by an
+// index probe instead of being counted.
+const unreadTotalsSQL = `SELECT k.usr, coalesce(t.n, 0)::bigint
   FROM unnest($1::text[]) AS k(usr)
-  LEFT JOIN LATERAL (SELECT DISTINCT conv_id FROM membership_periods WHERE user_id = k.usr) p ON true
-  LEFT JOIN read_positions rp ON rp.user_id = k.usr AND rp.conv_id = p.conv_id
-  LEFT JOIN LATERAL parley_unread_of(p.conv_id, k.usr, coalesce(rp.read_seq, 0)) x ON p.conv_id IS NOT NULL
- GROUP BY k.usr`
+  LEFT JOIN LATERAL (
+        SELECT sum(x.unread) AS n
+          FROM (SELECT p.conv_id, coalesce(rp.read_seq, 0) AS r
+                  FROM (SELECT DISTINCT conv_id FROM membership_periods WHERE user_id = k.usr) p
+                  LEFT JOIN read_positions rp ON rp.user_id = k.usr AND rp.conv_id = p.conv_id
+                 WHERE (SELECT e.seq FROM events e WHERE e.conv_id = p.conv_id ORDER BY e.seq DESC LIMIT 1) > coalesce(rp.read_seq, 0)
+                OFFSET 0) c
+          CROSS JOIN LATERAL parley_unread_of(c.conv_id, k.usr, c.r) x) t ON true`
