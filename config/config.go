@@ -285,6 +285,9 @@ func (c Config) Validate() error {
 	if c.NotifyDelay < 0 || c.NotifyTTL <= 0 || c.NotifyBadgeMax < 0 || c.NotifyShards < 1 || c.NotifyConcurrency < 1 {
 		errs = append(errs, errors.New("need notify_delay >= 0, notify_ttl > 0, notify_badge_max >= 0, notify_shards >= 1, notify_concurrency >= 1"))
 	}
+	if c.NotifyDelay <= c.AckCoalesce+c.AckLinger {
+		errs = append(errs, errors.New("notify_delay must exceed ack_coalesce + ack_linger: an ack held that long is not seen in time, and its device would be notified"))
+	}
 	if c.NotifyTimeout <= 0 || c.NotifyLease <= c.NotifyTimeout {
 		errs = append(errs, errors.New("need 0 < notify_timeout < notify_lease"))
 	}
