@@ -31,16 +31,16 @@ type NotifyReport struct {
 	Acking    int `json:"acking_receivers"` // connected and acking: owed nothing
 	Senders   int `json:"senders"`
 
-	Expected   int64   `json:"expected"`   // notifications owed: confirmed sends × offline, unmuted receivers of their group
-	Received   int64   `json:"received"`  // distinct expected notifications the sink got
-	Missing    int64   `json:"missing"`   // owed, never received
-	Duplicates int64   `json:"duplicates"` // requests beyond the first with one idempotency key
-	Unexpected int64   `json:"unexpected"` // to a muted or acking device, or of no confirmed send
+	Expected   int64 `json:"expected"`   // notifications owed: confirmed sends × offline, unmuted receivers of their group
+	Received   int64 `json:"received"`   // distinct expected notifications the sink got
+	Missing    int64 `json:"missing"`    // owed, never received
+	Duplicates int64 `json:"duplicates"` // requests beyond the first with one idempotency key
+	Unexpected int64 `json:"unexpected"` // to a muted or acking device, or of no confirmed send
 	// UnexpectedSample: idempotency keys (device:conv:seq) of some of them.
 	UnexpectedSample []string `json:"unexpected_sample,omitempty"`
-	BadSig     int64   `json:"bad_signature"`
-	Collapsed  int64   `json:"collapsed"` // notifications with count > 1 (messages closer than notify_delay)
-	PerS       float64 `json:"notifications_per_s"`
+	BadSig           int64    `json:"bad_signature"`
+	Collapsed        int64    `json:"collapsed"` // notifications with count > 1 (messages closer than notify_delay)
+	PerS             float64  `json:"notifications_per_s"`
 	// LatencyMs is commit → the sink (the payload's ts to its arrival).
 	LatencyMs Summary `json:"commit_to_sink_ms"`
 }
