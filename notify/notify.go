@@ -202,6 +202,7 @@ func (n *Notifier) ReadAdvanced(user string) {
 func (n *Notifier) intakeLoop() {
 	defer n.loops.Done()
 	var pending []put
+	intakeFails := 0
 	for {
 		var stopping bool
 		select {
@@ -228,16 +229,19 @@ func (n *Notifier) intakeLoop() {
 			err := n.q.put(ctx, pending, n.cfg.Delay)
 			cancel()
 			if err == nil {
-				pending = pending[:0]
+				pending, intakeFails = pending[:0], 0
 			} else {
-				n.log.Warn("queueing notification jobs; retrying", "jobs", len(pending), "err", err)
+				if intakeFails == 0 {
+					n.log.Warn("queueing notification jobs; retrying", "jobs", len(pending), "err", err)
+				}
+				intakeFails++
 				if len(pending) > 100000 {
 					n.m.dropped.WithLabelValues("", "intake_full").Add(float64(len(pending)))
 					pending = pending[:0]
 				}
 				if !stopping {
 					select {
-					case <-time.After(100 * time.Millisecond):
+					case <-time.After(min(100*time.Millisecond<<min(intakeFails, 4), time.Second)):
 					case <-n.stop:
 					}
 				}
@@ -267,12 +271,14 @@ func (n *Notifier) badgeUserJob(user string) put {
 	return put{ID: "b|" + user, Shard: n.q.shardOf(user), Due: now + wait, Seq: now, Ts: now, Body: jobBody{User: user}}
 }
 
-// shardLoop claims the shard's due jobs and handles them.
+// shardLoop claims the shard's due jobs and handles them. While Redis
+// fails it backs off (up to a second) and logs the first failure only.
 func (n *Notifier) shardLoop(shard int) {
 	defer n.loops.Done()
 	const batch = 256
 	wait := time.NewTimer(0)
 	defer wait.Stop()
+	fails := 0
 	for {
 		select {
 		case <-n.stop:
@@ -282,14 +288,23 @@ func (n *Notifier) shardLoop(shard int) {
 		ctx, cancel := context.WithTimeout(context.Background(), n.cfg.Lease/2)
 		jobs, err := n.q.claim(ctx, shard, time.Now(), n.cfg.Lease, batch)
 		if err != nil {
-			n.log.Warn("claiming notification jobs", "shard", shard, "err", err)
-		} else if len(jobs) > 0 {
-			n.handle(ctx, jobs)
+			if fails == 0 {
+				n.log.Warn("claiming notification jobs; retrying", "shard", shard, "err", err)
+			}
+			fails++
+		} else {
+			fails = 0
+			if len(jobs) > 0 {
+				n.handle(ctx, jobs)
+			}
 		}
 		cancel()
-		if len(jobs) == batch {
+		switch {
+		case fails > 0:
+			wait.Reset(min(n.cfg.Poll<<min(fails, 6), time.Second))
+		case len(jobs) == batch:
 			wait.Reset(0)
-		} else {
+		default:
 			wait.Reset(n.cfg.Poll)
 		}
 	}

@@ -87,25 +87,58 @@ func (h clusterReloadHook) check(err error) bool {
 	return true
 }
 
+// newRedis returns a client of cfg's Redis (its cluster when
+// redis_cluster is set) with pool connections per node.
+func newRedis(cfg config.Config, pool int) (redis.UniversalClient, error) {
+	// A request waiting on a Redis that is down should fail with
+	// UNAVAILABLE within a fraction of a second, not after go-redis's
+	// default budget of 3 retries × 5 dial attempts (about 2.5 s).
+	const maxRetries, dialerRetries = 1, 2
+	if cfg.RedisCluster != "" {
+		// go-redis learns of a failover from a MOVED reply, which a dead
+		// master never sends: until its periodic reload of the slot map
+		// (default every 60 s) it keeps dialling the dead node. Reload it
+		// every second instead (one CLUSTER SLOTS, only while commands
+		// flow), and at once when a command fails on a node that did not
+		// answer (clusterReloadHook), so a promoted replica is used soon
+		// after the cluster elected it.
+		cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(cfg.RedisCluster, ","),
+			PoolSize: pool, MaxRetries: maxRetries, DialerRetries: dialerRetries, ClusterStateReloadInterval: clusterReload,
+			DisableIdentity: true})
+		cc.AddHook(clusterReloadHook{cc})
+		return cc, nil
+	}
+	opt, err := redis.ParseURL(cfg.RedisURL)
+	if err != nil {
+		return nil, fmt.Errorf("redis_url: %w", err)
+	}
+	opt.PoolSize = max(opt.PoolSize, pool)
+	opt.MaxRetries, opt.DialerRetries = maxRetries, dialerRetries
+	opt.DisableIdentity = true // CLIENT SETINFO: Redis before 7.2 refuses it (an error per new connection)
+	return redis.NewClient(opt), nil
+}
+
 // Server is one parleyd process.
 type Server struct {
 	// Static after New.
-	cfg     config.Config
-	log     *slog.Logger
-	reg     *prometheus.Registry
-	st      *store.Store
-	rdb     redis.UniversalClient
-	routes  *route.Table
-	events  *eventlog.Log
-	cursors *cursor.Cursors
-	fan     *fanout.Fanout
-	rows    *fanout.Rows
-	bus     *fanout.Bus
-	notify  *notify.Notifier
-	gw      *conn.Gateway
-	adminLn net.Listener
-	metrLn  net.Listener
-	ps      *redis.PubSub
+	cfg config.Config
+	log *slog.Logger
+	reg *prometheus.Registry
+	st  *store.Store
+	rdb redis.UniversalClient
+	// notifyRdb is the notifier's own client (a pool apart from rdb's).
+	notifyRdb redis.UniversalClient
+	routes    *route.Table
+	events    *eventlog.Log
+	cursors   *cursor.Cursors
+	fan       *fanout.Fanout
+	rows      *fanout.Rows
+	bus       *fanout.Bus
+	notify    *notify.Notifier
+	gw        *conn.Gateway
+	adminLn   net.Listener
+	metrLn    net.Listener
+	ps        *redis.PubSub
 	// Removal notices from the bus (storeMetrics.removalNotices).
 	removalNotices prometheus.Counter
 
@@ -144,32 +177,14 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Server, e
 			return nil, err
 		}
 	}
-	// A request waiting on a Redis that is down should fail with
-	// UNAVAILABLE within a fraction of a second, not after go-redis's
-	// default budget of 3 retries × 5 dial attempts (about 2.5 s).
-	const maxRetries, dialerRetries = 1, 2
-	if cfg.RedisCluster != "" {
-		// go-redis learns of a failover from a MOVED reply, which a dead
-		// master never sends: until its periodic reload of the slot map
-		// (default every 60 s) it keeps dialling the dead node. Reload it
-		// every second instead (one CLUSTER SLOTS, only while commands
-		// flow), and at once when a command fails on a node that did not
-		// answer (clusterReloadHook), so a promoted replica is used soon
-		// after the cluster elected it.
-		cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(cfg.RedisCluster, ","),
-			PoolSize: 64, MaxRetries: maxRetries, DialerRetries: dialerRetries, ClusterStateReloadInterval: clusterReload,
-			DisableIdentity: true})
-		cc.AddHook(clusterReloadHook{cc})
-		s.rdb = cc
-	} else {
-		opt, perr := redis.ParseURL(cfg.RedisURL)
-		if perr != nil {
-			return nil, fmt.Errorf("redis_url: %w", perr)
-		}
-		opt.PoolSize = max(opt.PoolSize, 64)
-		opt.MaxRetries, opt.DialerRetries = maxRetries, dialerRetries
-		opt.DisableIdentity = true // CLIENT SETINFO: Redis before 7.2 refuses it (an error per new connection)
-		s.rdb = redis.NewClient(opt)
+	if s.rdb, err = newRedis(cfg, 64); err != nil {
+		return nil, err
+	}
+	// Notifications have a client (a connection pool) of their own: their
+	// workers never take connections the send path is waiting for, and
+	// their traffic during a Redis outage leaves its pool alone.
+	if s.notifyRdb, err = newRedis(cfg, 16); err != nil {
+		return nil, err
 	}
 	sm := newStoreMetrics(s.reg)
 	s.removalNotices = sm.removalNotices
@@ -204,7 +219,7 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Server, e
 	if err != nil {
 		return nil, err
 	}
-	s.notify = notify.New(s.st, s.rdb, notify.ConfigOf(s.cfg), providers, s.connectedDevices, log, s.reg)
+	s.notify = notify.New(s.st, s.notifyRdb, notify.ConfigOf(s.cfg), providers, s.connectedDevices, log, s.reg)
 	sends := sm.commitMetrics("send")
 	s.events = eventlog.New(s.st, seqs, eventlog.Config{HoleTimeout: cfg.HoleTimeout, CommitBatch: cfg.CommitBatch, CommitWorkers: cfg.CommitWorkers, CommitLinger: cfg.CommitLinger,
 		RecipientsBelow: cfg.WriteFanoutMax, BatchSizes: sends.Sizes,
@@ -460,6 +475,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 func (s *Server) closeStores() {
 	if s.rdb != nil {
 		_ = s.rdb.Close()
+	}
+	if s.notifyRdb != nil {
+		_ = s.notifyRdb.Close()
 	}
 	if s.st != nil {
 		s.st.Close()
