@@ -234,7 +234,7 @@ func TestHangingProviderBlocksNothing(t *testing.T) {
 	for seq := int64(3); seq < 23; seq++ {
 		start := time.Now()
 		n.Committed([]eventlog.Committed{w.send(t, seq)})
-		if d := time.Since(start); d > 50*time.Millisecond {
+		if d := time.Since(start); d > 250*time.Millisecond { // it only queues; the margin is for a loaded machine
 			t.Fatalf("Committed blocked for %v", d)
 		}
 		// One notification per notify_delay per (device, conversation):
@@ -245,7 +245,7 @@ func TestHangingProviderBlocksNothing(t *testing.T) {
 			}
 			return nil
 		})
-		if d := time.Since(start); d > time.Second {
+		if d := time.Since(start); d > 3*time.Second { // notify_delay 100ms; blocked, it would wait for ever
 			t.Fatalf("cat notified %v after the commit while apns hangs", d)
 		}
 	}
