@@ -133,8 +133,8 @@ func (s *Store) NotifyTargets(ctx context.Context, evs []NotifyEvent) ([]NotifyT
 			r.device_id, r.user_id, r.provider, r.token, r.sandbox, r.registered_at,
 			coalesce(dc.delivered_seq, 0), coalesce(cs.muted_until, 0), coalesce(m.user_id = ANY(e.mentions), false)
 		FROM unnest($1::text[], $2::bigint[], $3::bool[]) WITH ORDINALITY AS k(conv, seq, only_mentions, i)
-		JOIN events e ON e.conv_id = k.conv AND e.seq = k.seq AND e.kind = 1 AND e.recalled_by IS NULL
 		JOIN conversations c ON c.conv_id = k.conv
+		JOIN events e ON e.conv_key = c.conv_key AND e.seq = k.seq AND e.kind = 1 AND e.recalled_by IS NULL
 		JOIN membership_periods m ON m.conv_id = k.conv AND m.from_seq <= k.seq AND (m.to_seq IS NULL OR m.to_seq >= k.seq)
 			AND m.user_id <> e.sender AND (NOT k.only_mentions OR m.user_id = ANY(e.mentions))
 		JOIN notify_registrations r ON r.user_id = m.user_id
@@ -162,7 +162,8 @@ type RecallInfo struct {
 // is not a recall.
 func (s *Store) RecallTargets(ctx context.Context, conv string, seq int64) (RecallInfo, error) {
 	var ri RecallInfo
-	err := s.pool.QueryRow(ctx, `SELECT coalesce(target, 0) FROM events WHERE conv_id = $1 AND seq = $2 AND kind = 4`, conv, seq).Scan(&ri.Target)
+	err := s.pool.QueryRow(ctx, `SELECT coalesce(e.target, 0) FROM conversations c JOIN events e ON e.conv_key = c.conv_key
+		WHERE c.conv_id = $1 AND e.seq = $2 AND e.kind = 4`, conv, seq).Scan(&ri.Target)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ri, ErrNotFound
 	}
@@ -239,6 +240,7 @@ const unreadTotalsSQL = `SELECT k.usr, coalesce(t.n, 0)::bigint
           FROM (SELECT p.conv_id, coalesce(rp.read_seq, 0) AS r
                   FROM (SELECT DISTINCT conv_id FROM membership_periods WHERE user_id = k.usr) p
                   LEFT JOIN read_positions rp ON rp.user_id = k.usr AND rp.conv_id = p.conv_id
-                 WHERE (SELECT e.seq FROM events e WHERE e.conv_id = p.conv_id ORDER BY e.seq DESC LIMIT 1) > coalesce(rp.read_seq, 0)
+                 WHERE (SELECT e.seq FROM conversations cv JOIN events e ON e.conv_key = cv.conv_key
+                         WHERE cv.conv_id = p.conv_id ORDER BY e.seq DESC LIMIT 1) > coalesce(rp.read_seq, 0)
                 OFFSET 0) c
           CROSS JOIN LATERAL parley_unread_of(c.conv_id, k.usr, c.r) x) t ON true`

@@ -41,8 +41,8 @@ func BenchmarkUnreadTotal(b *testing.B) {
 		`INSERT INTO users (user_id) VALUES ('bench-user'), ('bench-other')`,
 		fmt.Sprintf(`INSERT INTO conversations (conv_id, kind, member_count) SELECT 'c' || lpad(c::text, 4, '0'), 'group', 2 FROM generate_series(1, %d) c`, convs),
 		`INSERT INTO membership_periods (conv_id, user_id, from_seq) SELECT conv_id, u, 1 FROM conversations, unnest(ARRAY['bench-user', 'bench-other']) u`,
-		fmt.Sprintf(`INSERT INTO events (conv_id, seq, kind, sender, cmid, body, ts, users)
-			SELECT 'c' || lpad(c::text, 4, '0'), s, CASE WHEN s = 1 THEN 2 ELSE 1 END,
+		fmt.Sprintf(`INSERT INTO events (conv_key, seq, kind, sender, cmid, body, ts, users)
+			SELECT (SELECT conv_key FROM conversations WHERE conv_id = 'c' || lpad(c::text, 4, '0')), s, CASE WHEN s = 1 THEN 2 ELSE 1 END,
 			       CASE WHEN s = 1 THEN '' WHEN s %% 10 = 0 THEN 'bench-user' ELSE 'bench-other' END,
 			       CASE WHEN s = 1 THEN NULL ELSE 'm' || s END, CASE WHEN s = 1 THEN NULL ELSE '\x00'::bytea END,
 			       1700000000000 + c * 1000 + s, CASE WHEN s = 1 THEN ARRAY['bench-user', 'bench-other'] END
