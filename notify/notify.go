@@ -15,10 +15,12 @@
 package notify
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -400,6 +402,10 @@ func (n *Notifier) evaluateMessages(ctx context.Context, jobs []*job) []done {
 		puts = append(puts, put{ID: msgJobID(t.Reg.Device, j.Body.Conv), Shard: j.Shard, Due: now.Add(n.mergeWindow()).UnixMilli(), Seq: j.Seq,
 			Ts: t.Ts, Body: body, Merge: true, Sent: n.q.sentKey(j.Shard, t.Reg.Device, j.Body.Conv)})
 	}
+	// In seq order: a message merges into a notification only above the
+	// seq it carries, so an older one merged after a newer would be lost
+	// from its count.
+	slices.SortStableFunc(puts, func(a, b put) int { return cmp.Compare(a.Seq, b.Seq) })
 	if len(puts) > 0 {
 		if err := n.q.put(ctx, puts, n.cfg.Delay); err != nil {
 			n.log.Warn("queueing notifications", "err", err)
