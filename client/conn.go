@@ -239,6 +239,40 @@ func (c *Conn) Recall(ctx context.Context, conv string, seq int64) (wire.Message
 	return c.Do(ctx, wire.Request{T: wire.TRecall, Conv: conv, Seq: seq})
 }
 
+// Edit replaces the body of this user's message at seq (an edit event).
+func (c *Conn) Edit(ctx context.Context, conv string, seq int64, body []byte) (wire.Message, error) {
+	if body == nil {
+		body = []byte{}
+	}
+	return c.Do(ctx, wire.Request{T: wire.TEdit, Conv: conv, Seq: seq, Body: body})
+}
+
+// Clear hides the events of conv up to seq from all this user's devices
+// ("delete for me") and raises the read position to at least seq.
+func (c *Conn) Clear(ctx context.Context, conv string, seq int64) (wire.Message, error) {
+	return c.Do(ctx, wire.Request{T: wire.TClear, Conv: conv, Seq: seq, Has: wire.FSeq})
+}
+
+// Typing tells the other members that this user is typing in conv
+// (fire-and-forget: no reply; an error, NOT_MEMBER, arrives as a frame
+// without rid). The server relays at most one per 2 s per device and
+// conversation, in push-tier conversations only.
+func (c *Conn) Typing(conv string) error {
+	return c.Write(wire.Request{T: wire.TTyping, Conv: conv})
+}
+
+// Receipts returns the read positions of conv's current members (push
+// tier only: FORBIDDEN otherwise).
+func (c *Conn) Receipts(ctx context.Context, conv string) (wire.Message, error) {
+	return c.Do(ctx, wire.Request{T: wire.TReceipts, Conv: conv})
+}
+
+// SetReceiptsPrivate hides (or shows) this user's read positions from
+// other members.
+func (c *Conn) SetReceiptsPrivate(ctx context.Context, private bool) (wire.Message, error) {
+	return c.Do(ctx, wire.Request{T: wire.TSettings, ReceiptsPrivate: private, Has: wire.FReceiptsPrivate})
+}
+
 // CreateGroup creates a group (id "" lets the server choose).
 func (c *Conn) CreateGroup(ctx context.Context, id, title string, members ...string) (wire.Message, error) {
 	return c.Do(ctx, wire.Request{T: wire.TConvCreate, Kind: "group", Conv: id, Title: title, Members: members})

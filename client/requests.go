@@ -91,6 +91,42 @@ func (c *Client) Recall(ctx context.Context, conv string, seq int64) (wire.Messa
 	return r, err
 }
 
+// Edit replaces the body of this user's message at seq. The edit event
+// (reply's Seq) reaches OnEvent; its Target is seq.
+func (c *Client) Edit(ctx context.Context, conv string, seq int64, body []byte) (wire.Message, error) {
+	r, err := c.do(ctx, func(ctx context.Context, conn *Conn) (wire.Message, error) { return conn.Edit(ctx, conv, seq, body) })
+	if err == nil {
+		c.follow(conv, r.Seq)
+	}
+	return r, err
+}
+
+// Clear hides conv's events up to seq from all this user's devices
+// ("delete for me"); the reply carries the merged cleared and read
+// positions and the unread count.
+func (c *Client) Clear(ctx context.Context, conv string, seq int64) (wire.Message, error) {
+	return c.do(ctx, func(ctx context.Context, conn *Conn) (wire.Message, error) { return conn.Clear(ctx, conv, seq) })
+}
+
+// Typing tells conv's other members this user is typing (no reply).
+func (c *Client) Typing(ctx context.Context, conv string) error {
+	_, err := c.do(ctx, func(ctx context.Context, conn *Conn) (wire.Message, error) { return wire.Message{}, conn.Typing(conv) })
+	return err
+}
+
+// Receipts returns the read positions of conv's current members.
+func (c *Client) Receipts(ctx context.Context, conv string) (wire.Message, error) {
+	return c.do(ctx, func(ctx context.Context, conn *Conn) (wire.Message, error) { return conn.Receipts(ctx, conv) })
+}
+
+// SetReceiptsPrivate hides (or shows) this user's read positions from
+// other members.
+func (c *Client) SetReceiptsPrivate(ctx context.Context, private bool) (wire.Message, error) {
+	return c.do(ctx, func(ctx context.Context, conn *Conn) (wire.Message, error) {
+		return conn.SetReceiptsPrivate(ctx, private)
+	})
+}
+
 // Convs lists a page of the user's conversations (limit 0: server default;
 // pass the previous reply's Cursor for the next page).
 func (c *Client) Convs(ctx context.Context, limit int, cursor string) (wire.Message, error) {

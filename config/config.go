@@ -99,6 +99,9 @@ type Config struct {
 	// RecallWindow is how long after sending a message its sender may
 	// recall it.
 	RecallWindow time.Duration `yaml:"recall_window" default:"120s"`
+	// EditWindow is how long after sending a message its sender may edit
+	// it.
+	EditWindow time.Duration `yaml:"edit_window" default:"48h"`
 
 	// HoleTimeout: a seq that was allocated but is still not committed this
 	// long after a later seq committed is declared a hole (a tombstone row

@@ -48,6 +48,13 @@ type Deps struct {
 	// Notifications are the offline notifications (nil: none configured;
 	// notify_register is refused).
 	Notifications Notifications
+	// NotifyMany sends a frame to every online device of users, best
+	// effort: it never waits (a frame it cannot queue is dropped). Typing
+	// and receipts go this way. Nil: through Notify, user by user.
+	NotifyMany func(users []string, frame []byte) error
+	// Receipts coalesces receipt pushes over gateways (nil: no receipt
+	// pushes).
+	Receipts *ReceiptGate
 }
 
 // Gateway is the gnet event handler and the registry of its sessions.
@@ -66,6 +73,9 @@ type Gateway struct {
 	// Reads of many connections answered together (combine.go).
 	snapshots combiner[store.SnapshotQuery, []store.SnapshotItem]
 	lookups   combiner[string, deviceLookup] // auth: device id -> row
+
+	members         memberLists     // current members, for typing and receipts
+	pendingReceipts pendingReceipts // receipts waiting for their window
 
 	coalesce coalescer // sessions with coalesced pushes to flush
 	held     heldAcks  // sessions holding rid-less acks (ack_coalesce)
@@ -87,6 +97,7 @@ func New(cfg config.Config, deps Deps, log *slog.Logger, reg prometheus.Register
 		booted:    make(chan struct{}), stopping: make(chan struct{}),
 		sessions: map[*Session]struct{}{}, devices: map[string]*Session{},
 	}
+	g.members.st = deps.Store
 	g.initCombiners()
 	if cfg.PushCoalesce > 0 {
 		g.goroutine(func() { g.every(cfg.PushCoalesce, g.coalesce.flush) })

@@ -73,6 +73,16 @@ func (g *Gateway) handle(s *Session, req *wire.Request, start time.Time) {
 	case wire.TRecall:
 		res, err := g.deps.Log.Recall(ctx, req.Conv, s.user, s.device, req.Seq, g.cfg.RecallWindow)
 		g.answer(s, req, err, wire.RecallOK{T: wire.TRecallOK, Rid: req.Rid, Conv: req.Conv, Seq: res.Seq, Target: req.Seq})
+	case wire.TEdit:
+		g.edit(ctx, s, req)
+	case wire.TClear:
+		g.clear(ctx, s, req)
+	case wire.TTyping:
+		g.typing(ctx, s, req, start)
+	case wire.TReceipts:
+		g.receipts(ctx, s, req)
+	case wire.TSettings:
+		g.settings(ctx, s, req)
 	default: // the decoder admits only the types above
 		g.answer(s, req, wire.Errorf(wire.Internal, "unexpected request type %s", req.T), nil)
 	}
@@ -116,9 +126,11 @@ func (g *Gateway) wireError(s *Session, req *wire.Request, err error) *wire.Erro
 	case errors.Is(err, store.ErrNoMessage):
 		return wire.Errorf(wire.NotFound, "no such message")
 	case errors.Is(err, store.ErrNotSender):
-		return wire.Errorf(wire.NotSender, "only the sender may recall a message")
+		return wire.Errorf(wire.NotSender, "only the sender may %s a message", req.T)
 	case errors.Is(err, store.ErrRecallWindow):
 		return wire.Errorf(wire.RecallWindow, "the recall window (%s) has passed", g.cfg.RecallWindow)
+	case errors.Is(err, store.ErrEditWindow):
+		return wire.Errorf(wire.EditWindow, "the edit window (%s) has passed", g.cfg.EditWindow)
 	case backend.IsUnavailable(err):
 		g.log.Warn("request failed: backend unavailable", "type", req.T, "rid", req.Rid, "conv", req.Conv, "device", s.device, "err", err)
 		return wire.Errorf(wire.Unavailable, "a backend is unavailable; retry later")
@@ -270,7 +282,7 @@ func (g *Gateway) sync(ctx context.Context, s *Session, req *wire.Request) {
 // WireEvent is e as clients see it.
 func WireEvent(e store.Event) wire.Event {
 	return wire.Event{Seq: e.Seq, Kind: e.Kind.String(), Sender: e.Sender, Body: e.Body, Ts: e.Ts, Cmid: e.Cmid,
-		Recalled: e.Recalled, Target: e.Target, Users: e.Users, Mentions: e.Mentions}
+		Recalled: e.Recalled, Target: e.Target, Users: e.Users, Mentions: e.Mentions, Edited: e.Edited}
 }
 
 func (g *Gateway) ack(s *Session, req *wire.Request, start time.Time) {
@@ -309,23 +321,29 @@ func (g *Gateway) read(s *Session, req *wire.Request, start time.Time) {
 		if r.Err != nil || !r.Advanced {
 			return
 		}
-		if g.deps.Notifications != nil {
-			g.deps.Notifications.ReadAdvanced(s.user)
+		g.readAdvanced(s, conv, r.Read, r.Unread)
+		g.readMoved(s.user, conv, r.Read)
+	})
+}
+
+// readAdvanced tells the user's other devices that the read position of
+// conv moved, and the notifier that the user's badge changed; best effort
+// (every convs and read reply carries the durable value anyway), off the
+// caller's goroutine (a commit worker).
+func (g *Gateway) readAdvanced(s *Session, conv string, read, unread int64) {
+	if g.deps.Notifications != nil {
+		g.deps.Notifications.ReadAdvanced(s.user)
+	}
+	g.goroutine(func() {
+		nctx, ncancel := context.WithTimeout(context.Background(), g.cfg.RequestTimeout)
+		defer ncancel()
+		frame, err := wire.AppendFrame(nil, wire.ReadChanged{T: wire.TReadChanged, Conv: conv, Read: read, Unread: unread})
+		if err == nil {
+			err = g.deps.Notify(nctx, s.user, s.device, frame)
 		}
-		// Tell the user's other devices; best effort (every convs and
-		// read reply carries the durable value anyway), off the commit
-		// worker.
-		g.goroutine(func() {
-			nctx, ncancel := context.WithTimeout(context.Background(), g.cfg.RequestTimeout)
-			defer ncancel()
-			frame, err := wire.AppendFrame(nil, wire.ReadChanged{T: wire.TReadChanged, Conv: conv, Read: r.Read, Unread: r.Unread})
-			if err == nil {
-				err = g.deps.Notify(nctx, s.user, s.device, frame)
-			}
-			if err != nil {
-				g.log.Debug("read_changed", "err", err)
-			}
-		})
+		if err != nil {
+			g.log.Debug("read_changed", "err", err)
+		}
 	})
 }
 
@@ -369,7 +387,7 @@ func (g *Gateway) convs(ctx context.Context, s *Session, req *wire.Request) {
 		heads[i] = store.ConvSeq{Conv: it.Conv, Seq: it.Head}
 		out.Items[i] = wire.ConvItem{Conv: it.Conv, Kind: it.Kind, Title: it.Title,
 			Mode: fanout.TierOf(it.Members, g.cfg.WriteFanoutMax, g.cfg.OnlineFanoutMax).String(), Epoch: it.Epoch, Head: it.Head,
-			MinSeq: it.MinSeq, Delivered: it.Delivered, Read: it.Read, Unread: it.Unread, LastTs: it.LastTs, MutedUntil: it.MutedUntil}
+			MinSeq: it.MinSeq, Delivered: it.Delivered, Read: it.Read, Cleared: it.Cleared, Unread: it.Unread, LastTs: it.LastTs, MutedUntil: it.MutedUntil}
 	}
 	s.knowAll(heads)
 	if page.More && page.Next != nil {

@@ -19,6 +19,8 @@ type metrics struct {
 	combined    *prometheus.HistogramVec
 	acksHeld    prometheus.Counter // rid-less acks held (ack_coalesce)
 	acksFlushed prometheus.Counter // held acks handed to the commit queue
+	typing      *prometheus.CounterVec
+	receipts    prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -46,9 +48,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		acksFlushed: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "parley_gateway_acks_held_committed_total", Help: "Held acks handed to the commit queue: one per device and conversation per ack_coalesce, whatever parley_gateway_acks_held_total received."}),
 	}
+	m.typing = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "parley_gateway_typing_total", Help: "Typing frames received from members, by outcome (relayed; dropped_rate: over one per device and conversation per 2 s; dropped_busy: the frame queue was full; skipped_tier: not a push-tier conversation)."}, []string{"outcome"})
+	m.receipts = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "parley_gateway_receipts_sent_total", Help: "Receipt pushes sent (each to every other current member's online devices), after coalescing."})
 	m.pushesOut = m.framesOut.WithLabelValues(wire.TPush)
 	if reg != nil {
-		reg.MustRegister(m.connections, m.framesIn, m.framesOut, m.errors, m.drops, m.refusals, m.latency, m.combined, m.acksHeld, m.acksFlushed)
+		reg.MustRegister(m.connections, m.framesIn, m.framesOut, m.errors, m.drops, m.refusals, m.latency, m.combined, m.acksHeld, m.acksFlushed, m.typing, m.receipts)
 	}
 	return m
 }

@@ -70,6 +70,7 @@ type Session struct {
 
 	sendTokens float64 // send rate limiter, guarded by qmu (only the request goroutine uses it)
 	sendLast   time.Time
+	typingLast map[string]time.Time // conv -> last typing relayed; guarded by qmu
 }
 
 // queued is a request waiting for the session's request goroutine, and

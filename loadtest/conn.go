@@ -530,6 +530,14 @@ func (c *Conn) onFrame(m wire.Message) {
 		if r.mix != nil {
 			r.mix.changed.Add(1)
 		}
+	case wire.TTyping:
+		if r.features != nil {
+			r.features.typingIn.Add(1)
+		}
+	case wire.TReceipt:
+		if r.features != nil {
+			r.features.receiptsIn.Add(1)
+		}
 	case wire.TKick:
 		r.kicks.Add(1)
 	}
@@ -551,6 +559,7 @@ func (c *Conn) confirmed(m wire.Message, intended int64) {
 	if r.mix != nil && !m.Dup {
 		// The sender's other devices are owed the push too.
 		r.mix.siblingOwed.Add(int64(r.mix.devsOf[r.mix.userOf[c.idx]] - 1))
+		c.afterSendOK(m.Conv, m.Seq)
 	}
 }
 

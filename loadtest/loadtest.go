@@ -138,6 +138,14 @@ type Config struct {
 	Directs        int           // direct conversations per user (default 4; negative: none)
 	ReadProb       float64       // default 0.3; negative: never read
 	ReadDelay      time.Duration // default 1s; negative: read at once
+	// Message features in mixed (features.go): a typing frame before a
+	// send (TypingProb, default 0.5), an edit after a send_ok (EditProb,
+	// default 0.02), a clear after a read_ok of a single-device user
+	// (ClearProb, default 0.02), a receipts query after a read_ok of a
+	// direct conversation (ReceiptsProb, default 0.05); negative: never.
+	// NoFeatures turns all of them off.
+	TypingProb, EditProb, ClearProb, ReceiptsProb float64
+	NoFeatures                                    bool
 
 	// Probes beside any scenario that sends (docs/loadtest.md, "Probes"):
 	// ProbePostgres, a PostgreSQL URL, runs a bare commit probe (one row
@@ -230,6 +238,18 @@ func (c *Config) setDefaults() {
 	}
 	if c.ReadDelay == 0 {
 		c.ReadDelay = time.Second
+	}
+	if c.TypingProb == 0 {
+		c.TypingProb = 0.5
+	}
+	if c.EditProb == 0 {
+		c.EditProb = 0.02
+	}
+	if c.ClearProb == 0 {
+		c.ClearProb = 0.02
+	}
+	if c.ReceiptsProb == 0 {
+		c.ReceiptsProb = 0.05
 	}
 	if c.Members == 0 {
 		c.Members = 10000
@@ -468,8 +488,9 @@ type runner struct {
 	backlogSeen atomic.Bool
 	fdLimit     int64
 	notes       []string
-	mix         *mixState // scenario mixed: reads and multi-device figures; set before connecting
-	probes      *probes   // Config.ProbePostgres, ProbeRedis (nil: none); set before the scenario runs
+	mix         *mixState   // scenario mixed: reads and multi-device figures; set before connecting
+	features    *featureMix // scenario mixed: typing, edits, clears, receipts; nil when off
+	probes      *probes     // Config.ProbePostgres, ProbeRedis (nil: none); set before the scenario runs
 
 	mu    sync.Mutex // guards conns
 	conns []*Conn

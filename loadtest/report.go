@@ -204,6 +204,12 @@ func (rep *Report) WriteTable(w io.Writer) {
 		} else {
 			fmt.Fprintln(w, "reads: off (-read-prob 0)")
 		}
+		if f := mr.Features; f != nil {
+			fmt.Fprintf(w, "features (whole run): typing %d (p %.2f) received %d; edits %d (p %.2f); clears %d (p %.2f); receipts queries %d (p %.2f), receipt frames received %d\n",
+				f.Typing, f.TypingProb, f.TypingIn, f.Edits, f.EditProb, f.Clears, f.ClearProb, f.ReceiptQueries, f.ReceiptsProb, f.ReceiptsIn)
+		} else {
+			fmt.Fprintln(w, "features: off (-no-features)")
+		}
 	}
 	if rep.FanoutBacklogPeak != nil {
 		fmt.Fprintf(w, "fan-out stream backlog: peak %d jobs (parley_fanout_backlog, sampled each second)\n", *rep.FanoutBacklogPeak)

@@ -40,6 +40,8 @@ var (
 	notifyClaimSrc string
 	//go:embed notify_done.lua
 	notifyDoneSrc string
+	//go:embed receipt_gate.lua
+	receiptGateSrc string
 )
 
 // The scripts.
@@ -53,9 +55,11 @@ var (
 	NotifyPut   = redis.NewScript(notifyPutSrc)
 	NotifyClaim = redis.NewScript(notifyClaimSrc)
 	NotifyDone  = redis.NewScript(notifyDoneSrc)
+	// ReceiptGate coalesces read receipts per (conversation, user).
+	ReceiptGate = redis.NewScript(receiptGateSrc)
 )
 
-var all = []*redis.Script{SeqAlloc, SeqFloor, HashMax, RouteSet, RouteDel, NotifyPut, NotifyClaim, NotifyDone}
+var all = []*redis.Script{SeqAlloc, SeqFloor, HashMax, RouteSet, RouteDel, NotifyPut, NotifyClaim, NotifyDone, ReceiptGate}
 
 // Load loads every script into Redis. On a cluster it loads them into
 // every master (it fails if one cannot be reached: EVALSHA goes there) and,

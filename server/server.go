@@ -234,7 +234,8 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Server, e
 		})
 	s.gw = conn.New(s.cfg, conn.Deps{Store: s.st, Log: s.events, Cursors: s.cursors, Routes: s.routes, Bus: s.bus, Rows: s.rows,
 		Mentions: conn.NewMentionLimiter(s.rdb, cfg.RedisPrefix, cfg.MentionAllRate, cfg.MentionAllPeriod),
-		Online:   s.fan.Online, Notify: s.fan.ToUser, Notifications: s.notify}, log, s.reg)
+		Online:   s.fan.Online, Notify: s.fan.ToUser, NotifyMany: s.fan.ToUsers, Receipts: conn.NewReceiptGate(s.rdb, cfg.RedisPrefix),
+		Notifications: s.notify}, log, s.reg)
 	s.fan.Start(s.gw)
 	if s.ps, err = s.bus.Subscribe(ctx); err != nil {
 		return nil, err
@@ -312,6 +313,7 @@ func (s *Server) Start(ctx context.Context) error {
 	s.goroutine(func() {
 		fanout.Serve(s.ps, s.gw, s.gw.Kick, func(r fanout.Removal) {
 			s.events.Forget(r.Conv, r.Users)
+			s.gw.ForgetMembers(r.Conv)
 			s.removalNotices.Inc()
 		})
 	})

@@ -22,6 +22,7 @@ const (
 	KindJoin   Kind = 2
 	KindLeave  Kind = 3
 	KindRecall Kind = 4
+	KindEdit   Kind = 5
 )
 
 // String is the wire name of the kind.
@@ -35,6 +36,8 @@ func (k Kind) String() string {
 		return "leave"
 	case KindRecall:
 		return "recall"
+	case KindEdit:
+		return "edit"
 	}
 	return "hole"
 }
@@ -52,6 +55,9 @@ type Event struct {
 	Target   int64
 	Users    []string
 	Mentions []string // msg: the mentioned users who were members at send time
+	// Edited is the ts of the newest edit of a msg (0: never edited); its
+	// Body is then that edit's.
+	Edited int64
 }
 
 // NewMessage is a msg event to insert at a seq the caller allocated.
@@ -333,11 +339,13 @@ func (s *Store) ReadPage(ctx context.Context, conv, user string, after int64, li
 		if err != nil {
 			return err
 		}
-		var key int64
-		if err := tx.QueryRow(ctx, `SELECT c.conv_key, c.epoch, c.min_seq, (SELECT coalesce(max(e.seq), 0) FROM events e WHERE e.conv_key = c.conv_key)
-			FROM conversations c WHERE c.conv_id = $1`, conv).Scan(&key, &p.Epoch, &p.MinSeq, &p.Head); err != nil {
+		var key, cleared int64
+		if err := tx.QueryRow(ctx, `SELECT c.conv_key, c.epoch, c.min_seq, (SELECT coalesce(max(e.seq), 0) FROM events e WHERE e.conv_key = c.conv_key),
+				coalesce((SELECT r.cleared_seq FROM read_positions r WHERE r.user_id = $2 AND r.conv_id = c.conv_id), 0)
+			FROM conversations c WHERE c.conv_id = $1`, conv, user).Scan(&key, &p.Epoch, &p.MinSeq, &p.Head, &cleared); err != nil {
 			return err
 		}
+		periods = clearedFrom(periods, cleared)
 		p.Upto = after
 		if after >= p.Head {
 			return nil
@@ -356,6 +364,24 @@ type convRef struct {
 
 // Period is a membership period [From, To]; To is math.MaxInt64 while open.
 type Period struct{ From, To int64 }
+
+// clearedFrom returns the parts of periods above cleared: what a user
+// who cleared the conversation up to cleared still sees ("delete for
+// me" hides everything at or below it, from that user alone).
+func clearedFrom(periods []Period, cleared int64) []Period {
+	if cleared <= 0 {
+		return periods
+	}
+	out := periods[:0:0]
+	for _, p := range periods {
+		if p.To <= cleared {
+			continue
+		}
+		p.From = max(p.From, cleared+1)
+		out = append(out, p)
+	}
+	return out
+}
 
 func periodsTx(ctx context.Context, tx pgx.Tx, conv, user string) ([]Period, error) {
 	rows, err := tx.Query(ctx, `SELECT from_seq, coalesce(to_seq, $3) FROM membership_periods WHERE conv_id = $1 AND user_id = $2 ORDER BY from_seq`,
@@ -406,7 +432,7 @@ func readRanges(ctx context.Context, tx pgx.Tx, conv convRef, periods []Period, 
 		}
 		end := min(next.To, p.Head)
 		want := limit - len(p.Events)
-		rows, err := tx.Query(ctx, `SELECT seq, kind, sender, coalesce(cmid, ''), coalesce(body, ''::bytea), ts, recalled_by IS NOT NULL, coalesce(target, 0), users, mentions
+		rows, err := tx.Query(ctx, `SELECT seq, kind, sender, coalesce(cmid, ''), coalesce(body, ''::bytea), ts, recalled_by IS NOT NULL, coalesce(target, 0), users, mentions, coalesce(edited_ts, 0)
 			FROM events WHERE conv_key = $1 AND seq > $2 AND seq <= $3 ORDER BY seq LIMIT $4`, conv.key, pos, end, want)
 		if err != nil {
 			return err
@@ -415,7 +441,7 @@ func readRanges(ctx context.Context, tx pgx.Tx, conv convRef, periods []Period, 
 		gap := int64(0)
 		for rows.Next() {
 			e := Event{Conv: conv.id}
-			if err := rows.Scan(&e.Seq, &e.Kind, &e.Sender, &e.Cmid, &e.Body, &e.Ts, &e.Recalled, &e.Target, &e.Users, &e.Mentions); err != nil {
+			if err := rows.Scan(&e.Seq, &e.Kind, &e.Sender, &e.Cmid, &e.Body, &e.Ts, &e.Recalled, &e.Target, &e.Users, &e.Mentions, &e.Edited); err != nil {
 				rows.Close()
 				return err
 			}

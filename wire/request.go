@@ -11,26 +11,27 @@ import (
 // are zero; Has tells which keys were present (a key whose value is msgpack
 // nil counts as absent).
 type Request struct {
-	T, Rid        string
-	Device, Token string // auth
-	Conv          string
-	Cmid          string
-	Kind          string // conv_create: "group" or "direct"
-	Title         string
-	Cursor        string
-	Body          []byte // owns its memory (copied out of the input)
-	Seq           int64
-	After         int64
-	Limit         int64
-	Members       []string    // conv_create
-	Users         []string    // members_add
-	Convs         []ConvAfter // snapshot
-	MentionAll    bool
-	Mentions      []string // send
-	Provider      string   // notify_register
-	Sandbox       bool     // notify_register
-	MutedUntil    int64    // conv_settings
-	Has           Field    // bit set of keys present
+	T, Rid          string
+	Device, Token   string // auth
+	Conv            string
+	Cmid            string
+	Kind            string // conv_create: "group" or "direct"
+	Title           string
+	Cursor          string
+	Body            []byte // owns its memory (copied out of the input)
+	Seq             int64
+	After           int64
+	Limit           int64
+	Members         []string    // conv_create
+	Users           []string    // members_add
+	Convs           []ConvAfter // snapshot
+	MentionAll      bool
+	Mentions        []string // send
+	Provider        string   // notify_register
+	Sandbox         bool     // notify_register
+	MutedUntil      int64    // conv_settings
+	ReceiptsPrivate bool     // settings
+	Has             Field    // bit set of keys present
 }
 
 // ConvAfter is one element of snapshot.convs.
@@ -64,12 +65,14 @@ const (
 	FProvider
 	FSandbox
 	FMutedUntil
+	FReceiptsPrivate
 )
 
 var fieldNames = [...]string{
 	"rid", "device", "token", "conv", "cmid", "kind", "title", "cursor",
 	"body", "seq", "after", "limit", "members", "users", "convs", "mention_all",
 	"mentions", "provider", "sandbox", "muted_until",
+	"receipts_private",
 }
 
 // String returns the wire names of the fields in f, separated by '|'.
@@ -110,8 +113,14 @@ func specOf(t string) (fieldSpec, bool) {
 		return fieldSpec{FConv | FCmid | FBody, FRid | FMentionAll | FMentions}, true
 	case TSync:
 		return fieldSpec{FConv | FAfter, FRid | FLimit}, true
-	case TAck, TRead, TRecall:
+	case TAck, TRead, TRecall, TClear:
 		return fieldSpec{FConv | FSeq, FRid}, true
+	case TEdit:
+		return fieldSpec{FConv | FSeq | FBody, FRid}, true
+	case TTyping, TReceipts:
+		return fieldSpec{FConv, FRid}, true
+	case TSettings:
+		return fieldSpec{FReceiptsPrivate, FRid}, true
 	case TConvs:
 		return fieldSpec{0, FRid | FLimit | FCursor}, true
 	case TSnapshot:
@@ -160,6 +169,16 @@ func requestType(name []byte) string {
 		return TNotifyUnregister
 	case TConvSettings:
 		return TConvSettings
+	case TEdit:
+		return TEdit
+	case TClear:
+		return TClear
+	case TTyping:
+		return TTyping
+	case TReceipts:
+		return TReceipts
+	case TSettings:
+		return TSettings
 	}
 	return ""
 }
@@ -182,7 +201,8 @@ func wrongType(field string, cl uint8) *Error {
 //     seq/after/limit, a missing or empty required field (auth: device, token;
 //     conv_create: kind ("group"|"direct"), members; members_add: conv, users;
 //     leave: conv; send: conv, cmid, body; sync: conv, after; ack, read,
-//     recall: conv, seq; snapshot: convs with a conv and an after in every
+//     recall, clear: conv, seq; edit: conv, seq, body; typing, receipts:
+//     conv; settings: receipts_private; snapshot: convs with a conv and an after in every
 //     element). Msg names the field.
 //
 // On error the returned Request carries T (when it is a valid type) and Rid
@@ -395,6 +415,8 @@ func (q *Request) field(r *reader, key []byte, cl uint8) *Error {
 		return q.boolean(r, cl, FSandbox, &q.Sandbox)
 	case "muted_until":
 		return q.nonNeg(r, cl, FMutedUntil, &q.MutedUntil)
+	case "receipts_private":
+		return q.boolean(r, cl, FReceiptsPrivate, &q.ReceiptsPrivate)
 	}
 	return r.skip(2)
 }
@@ -570,6 +592,7 @@ func (q *Request) present() Field {
 	set(q.Provider != "", FProvider)
 	set(q.Sandbox, FSandbox)
 	set(q.MutedUntil != 0, FMutedUntil)
+	set(q.ReceiptsPrivate, FReceiptsPrivate)
 	return f
 }
 
@@ -639,6 +662,8 @@ func (q Request) appendMsgpack(b []byte) []byte {
 			b = appendBool(b, q.Sandbox)
 		case FMutedUntil:
 			b = appendInt(b, q.MutedUntil)
+		case FReceiptsPrivate:
+			b = appendBool(b, q.ReceiptsPrivate)
 		}
 	}
 	return b

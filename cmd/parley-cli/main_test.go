@@ -133,10 +133,10 @@ func TestCLI(t *testing.T) {
 	// convs, seen by ben: one unread message.
 	code, out, errOut = as("ben-cli", benTok, "-json", "convs")
 	type conv struct {
-		Conv, Kind, Mode                     string
-		Epoch, Head, Delivered, Read, Unread int64
-		MinSeq                               int64 `json:"min_seq"`
-		LastTs                               int64 `json:"last_ts"`
+		Conv, Kind, Mode                              string
+		Epoch, Head, Delivered, Read, Cleared, Unread int64
+		MinSeq                                        int64 `json:"min_seq"`
+		LastTs                                        int64 `json:"last_ts"`
 	}
 	convs := decode[struct{ Items []conv }](t, "convs", out)
 	if code != 0 || len(convs.Items) != 1 {
@@ -249,7 +249,7 @@ sending:
 	}
 
 	// An interactive session, scripted.
-	script := "convs\nopen g1\nsend hi there\nread\nrecall 2\nsnapshot g1:1 nope\nping\nbogus\nquit\n"
+	script := "convs\nopen g1\nsend hi there\nread\nrecall 2\nedit 2 too late\ntyping\nreceipts\nprivate on\nclear\nsnapshot g1:1 nope\nping\nbogus\nquit\n"
 	code, out, errOut = cli(t, script, "-addr", env.Addr, "-device", "ana-cli", "-token", anaTok)
 	if code != 0 {
 		t.Fatalf("interactive: exit %d\n%s\n%s", code, out, errOut)
@@ -261,6 +261,11 @@ sending:
 		"sent: g1 #",                          // send
 		"g1: read ",                           // read
 		"g1: recalled #2",                     // recall
+		"NOT_FOUND",                           // edit of a recalled message
+		"g1: typing sent",                     // typing
+		"g1: read positions",                  // receipts
+		"read receipts: private",              // private on
+		"g1: cleared up to",                   // clear
 		"-- g1: head ", "-- nope: NOT_MEMBER", // snapshot
 		"pong in", "unknown command \"bogus\"",
 	} {

@@ -94,6 +94,11 @@ func run(args []string) int {
 	fs.IntVar(&cfg.Directs, "directs", 4, "mixed: direct conversations per user (0: none)")
 	fs.Float64Var(&cfg.ReadProb, "read-prob", 0.3, "mixed: a device pushed a message reads its conversation with this probability `P` (0: never)")
 	fs.DurationVar(&cfg.ReadDelay, "read-delay", time.Second, "mixed: a read is sent this long (±50%) after the push that caused it; pushes meanwhile raise its seq (0: at once)")
+	fs.BoolVar(&cfg.NoFeatures, "no-features", false, "mixed: no typing, edits, clears or receipts (to compare a run without them)")
+	fs.Float64Var(&cfg.TypingProb, "typing-prob", 0.5, "mixed: a typing frame precedes a send with probability `P` (0: never)")
+	fs.Float64Var(&cfg.EditProb, "edit-prob", 0.02, "mixed: a confirmed send is edited with probability `P` (0: never)")
+	fs.Float64Var(&cfg.ClearProb, "clear-prob", 0.02, "mixed: a read of a single-device user is followed by a clear (delete for me) up to it with probability `P` (0: never)")
+	fs.Float64Var(&cfg.ReceiptsProb, "receipts-prob", 0.05, "mixed: a read of a direct conversation is followed by a receipts query with probability `P` (0: never)")
 	if err := fs.Parse(args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -118,6 +123,14 @@ func run(args []string) int {
 			cfg.ReadProb = -1
 		case f.Name == "read-delay" && cfg.ReadDelay == 0:
 			cfg.ReadDelay = -1
+		case f.Name == "typing-prob" && cfg.TypingProb == 0:
+			cfg.TypingProb = -1
+		case f.Name == "edit-prob" && cfg.EditProb == 0:
+			cfg.EditProb = -1
+		case f.Name == "clear-prob" && cfg.ClearProb == 0:
+			cfg.ClearProb = -1
+		case f.Name == "receipts-prob" && cfg.ReceiptsProb == 0:
+			cfg.ReceiptsProb = -1
 		}
 	})
 	if *cpuProfile != "" {
