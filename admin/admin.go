@@ -40,6 +40,9 @@ type API struct {
 	mode    ModeFunc
 	logger  *slog.Logger
 	mux     *http.ServeMux
+	// Set by Connected before serving (nil: devices read as not
+	// connected).
+	connected ConnectedFunc
 }
 
 // New returns the handler.
@@ -48,6 +51,7 @@ func New(token string, st *store.Store, log *eventlog.Log, cursors *cursor.Curso
 	a.mux.HandleFunc("POST /v1/users", a.createUser)
 	a.mux.HandleFunc("POST /v1/devices", a.createDevice)
 	a.mux.HandleFunc("POST /v1/devices/{id}/reinstall", a.reinstall)
+	a.mux.HandleFunc("GET /v1/devices/{id}", a.getDevice)
 	a.mux.HandleFunc("POST /v1/conversations", a.createConversation)
 	a.mux.HandleFunc("POST /v1/conversations/{id}/members", a.addMembers)
 	a.mux.HandleFunc("DELETE /v1/conversations/{id}/members/{user}", a.removeMember)

@@ -149,3 +149,29 @@ func (c *Client) follow(conv string, head int64) {
 	c.lookup(conv, 0)
 	c.in.put(hintItem{conv: conv, head: head})
 }
+
+// NotifyRegister registers this device's notification address
+// (docs/protocol.md §8): provider "apns", "fcm" or "webhook" and its
+// token; sandbox sends APNs notifications to Apple's development
+// environment. It replaces the device's previous registration.
+func (c *Client) NotifyRegister(ctx context.Context, provider, token string, sandbox bool) (wire.Message, error) {
+	return c.do(ctx, func(ctx context.Context, conn *Conn) (wire.Message, error) {
+		return conn.Do(ctx, wire.Request{T: wire.TNotifyRegister, Provider: provider, Token: token, Sandbox: sandbox, Has: wire.FToken})
+	})
+}
+
+// NotifyUnregister removes this device's notification address.
+func (c *Client) NotifyUnregister(ctx context.Context) (wire.Message, error) {
+	return c.do(ctx, func(ctx context.Context, conn *Conn) (wire.Message, error) {
+		return conn.Do(ctx, wire.Request{T: wire.TNotifyUnregister})
+	})
+}
+
+// Mute mutes conv for the user (all their devices) until mutedUntil (Unix
+// ms; 0 unmutes): its messages notify the user's devices only when they
+// mention the user.
+func (c *Client) Mute(ctx context.Context, conv string, mutedUntil int64) (wire.Message, error) {
+	return c.do(ctx, func(ctx context.Context, conn *Conn) (wire.Message, error) {
+		return conn.Do(ctx, wire.Request{T: wire.TConvSettings, Conv: conv, MutedUntil: mutedUntil, Has: wire.FMutedUntil})
+	})
+}

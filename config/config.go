@@ -174,6 +174,53 @@ type Config struct {
 	// not finish for this long (the worker died) is claimed by another.
 	FanoutClaimIdle time.Duration `yaml:"fanout_claim_idle" default:"10s"`
 
+	// NotifyDelay: a registered device that has not acked a message this
+	// long after its commit is notified (docs/notifications.md).
+	NotifyDelay time.Duration `yaml:"notify_delay" default:"3s"`
+	// NotifyPreview puts the first 100 characters of a message's body in
+	// its notification (privacy: off by default).
+	NotifyPreview bool `yaml:"notify_preview" default:"false"`
+	// NotifyBadgeMax caps the badge (the user's total unread).
+	NotifyBadgeMax int `yaml:"notify_badge_max" default:"999"`
+	// NotifyTTL: a notification that a provider keeps refusing with 429 or
+	// 5xx is retried this long after its message's commit, then dropped.
+	NotifyTTL time.Duration `yaml:"notify_ttl" default:"1h"`
+	// NotifyShards is how many Redis hash tags the notification queue is
+	// spread over (on a Redis Cluster, over that many slots).
+	NotifyShards int `yaml:"notify_shards" default:"8"`
+	// NotifyConcurrency is how many requests each provider may have in
+	// flight from this process.
+	NotifyConcurrency int `yaml:"notify_concurrency" default:"64"`
+	// NotifyTimeout bounds one request to a provider.
+	NotifyTimeout time.Duration `yaml:"notify_timeout" default:"10s"`
+	// NotifyLease: a notification job that a worker took and did not
+	// finish this long after (the worker or its process died) is taken by
+	// another; it must exceed notify_timeout.
+	NotifyLease time.Duration `yaml:"notify_lease" default:"30s"`
+	// NotifyWebhookURL enables the webhook provider: notifications are
+	// POSTed there, signed with NotifyWebhookSecret.
+	NotifyWebhookURL string `yaml:"notify_webhook_url" default:""`
+	// NotifyWebhookSecret is the webhook signature's HMAC key.
+	NotifyWebhookSecret string `yaml:"notify_webhook_secret" default:""`
+	// APNsEndpoint is Apple's push service (production).
+	APNsEndpoint string `yaml:"apns_endpoint" default:"https://api.push.apple.com"`
+	// APNsSandboxEndpoint serves registrations with sandbox: true.
+	APNsSandboxEndpoint string `yaml:"apns_sandbox_endpoint" default:"https://api.sandbox.push.apple.com"`
+	// APNsKeyFile is the .p8 token-signing key; set it (with the key id,
+	// team id and topic) to enable APNs.
+	APNsKeyFile string `yaml:"apns_key_file" default:""`
+	// APNsKeyID is the signing key's id.
+	APNsKeyID string `yaml:"apns_key_id" default:""`
+	// APNsTeamID is the Apple developer team id.
+	APNsTeamID string `yaml:"apns_team_id" default:""`
+	// APNsTopic is the app's bundle id.
+	APNsTopic string `yaml:"apns_topic" default:""`
+	// FCMEndpoint is Firebase Cloud Messaging's HTTP v1 API.
+	FCMEndpoint string `yaml:"fcm_endpoint" default:"https://fcm.googleapis.com"`
+	// FCMCredentialsFile is a service account's JSON key; set it to
+	// enable FCM.
+	FCMCredentialsFile string `yaml:"fcm_credentials_file" default:""`
+
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `yaml:"log_level" default:"info"`
 }
@@ -269,6 +316,15 @@ func (c Config) Validate() error {
 		} else if c.WSListen == c.Listen {
 			errs = append(errs, errors.New("ws_listen must differ from listen"))
 		}
+	}
+	if c.NotifyDelay < 0 || c.NotifyTTL <= 0 || c.NotifyBadgeMax < 0 || c.NotifyShards < 1 || c.NotifyConcurrency < 1 {
+		errs = append(errs, errors.New("need notify_delay >= 0, notify_ttl > 0, notify_badge_max >= 0, notify_shards >= 1, notify_concurrency >= 1"))
+	}
+	if c.NotifyDelay <= c.AckCoalesce+c.AckLinger {
+		errs = append(errs, errors.New("notify_delay must exceed ack_coalesce + ack_linger: an ack held that long is not seen in time, and its device would be notified"))
+	}
+	if c.NotifyTimeout <= 0 || c.NotifyLease <= c.NotifyTimeout {
+		errs = append(errs, errors.New("need 0 < notify_timeout < notify_lease"))
 	}
 	return errors.Join(errs...)
 }

@@ -49,6 +49,9 @@ type Deps struct {
 	Online func(ctx context.Context, user, device string, token int64) error
 	// Notify sends a frame to the user's online devices but one.
 	Notify func(ctx context.Context, user, exceptDevice string, frame []byte) error
+	// Notifications are the offline notifications (nil: none configured;
+	// notify_register is refused).
+	Notifications Notifications
 	// NotifyMany sends a frame to every online device of users, best
 	// effort: it never waits (a frame it cannot queue is dropped). Typing
 	// and receipts go this way. Nil: through Notify, user by user.

@@ -62,6 +62,14 @@ func (g *Gateway) handle(s *Session, req *wire.Request, start time.Time) {
 	case wire.TSnapshot:
 		s.settleAcks(ctx)
 		g.snapshot(ctx, s, req)
+	case wire.TNotifyRegister:
+		g.notifyRegister(ctx, s, req)
+	case wire.TNotifyUnregister:
+		err := g.deps.Store.UnregisterNotify(ctx, s.device)
+		g.answer(s, req, err, wire.NotifyUnregisterOK{T: wire.TNotifyUnregisterOK, Rid: req.Rid})
+	case wire.TConvSettings:
+		err := g.deps.Store.SetMute(ctx, s.user, req.Conv, req.MutedUntil)
+		g.answer(s, req, err, wire.ConvSettingsOK{T: wire.TConvSettingsOK, Rid: req.Rid, Conv: req.Conv, MutedUntil: req.MutedUntil})
 	case wire.TRecall:
 		res, err := g.deps.Log.Recall(ctx, req.Conv, s.user, s.device, req.Seq, g.cfg.RecallWindow)
 		g.answer(s, req, err, wire.RecallOK{T: wire.TRecallOK, Rid: req.Rid, Conv: req.Conv, Seq: res.Seq, Target: req.Seq})
@@ -240,7 +248,7 @@ func (g *Gateway) send(s *Session, req *wire.Request, start time.Time) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.RequestTimeout)
-	m := eventlog.Message{Conv: req.Conv, Sender: s.user, Device: s.device, Cmid: req.Cmid, Body: req.Body}
+	m := eventlog.Message{Conv: req.Conv, Sender: s.user, Device: s.device, Cmid: req.Cmid, Body: req.Body, Mentions: req.Mentions}
 	rid, cmid, conv := req.Rid, req.Cmid, req.Conv
 	g.deps.Log.Send(ctx, m, func(r eventlog.SendResult) {
 		cancel()
@@ -276,7 +284,7 @@ func (g *Gateway) sync(ctx context.Context, s *Session, req *wire.Request) {
 // WireEvent is e as clients see it.
 func WireEvent(e store.Event) wire.Event {
 	return wire.Event{Seq: e.Seq, Kind: e.Kind.String(), Sender: e.Sender, Body: e.Body, Ts: e.Ts, Cmid: e.Cmid,
-		Recalled: e.Recalled, Target: e.Target, Users: e.Users, Edited: e.Edited}
+		Recalled: e.Recalled, Target: e.Target, Users: e.Users, Mentions: e.Mentions, Edited: e.Edited}
 }
 
 func (g *Gateway) ack(s *Session, req *wire.Request, start time.Time) {
@@ -321,9 +329,13 @@ func (g *Gateway) read(s *Session, req *wire.Request, start time.Time) {
 }
 
 // readAdvanced tells the user's other devices that the read position of
-// conv moved; best effort (every convs and read reply carries the durable
-// value anyway), off the caller's goroutine (a commit worker).
+// conv moved, and the notifier that the user's badge changed; best effort
+// (every convs and read reply carries the durable value anyway), off the
+// caller's goroutine (a commit worker).
 func (g *Gateway) readAdvanced(s *Session, conv string, read, unread int64) {
+	if g.deps.Notifications != nil {
+		g.deps.Notifications.ReadAdvanced(s.user)
+	}
 	g.goroutine(func() {
 		nctx, ncancel := context.WithTimeout(context.Background(), g.cfg.RequestTimeout)
 		defer ncancel()
@@ -377,7 +389,7 @@ func (g *Gateway) convs(ctx context.Context, s *Session, req *wire.Request) {
 		heads[i] = store.ConvSeq{Conv: it.Conv, Seq: it.Head}
 		out.Items[i] = wire.ConvItem{Conv: it.Conv, Kind: it.Kind, Title: it.Title,
 			Mode: fanout.TierOf(it.Members, g.cfg.WriteFanoutMax, g.cfg.OnlineFanoutMax).String(), Epoch: it.Epoch, Head: it.Head,
-			MinSeq: it.MinSeq, Delivered: it.Delivered, Read: it.Read, Cleared: it.Cleared, Unread: it.Unread, LastTs: it.LastTs}
+			MinSeq: it.MinSeq, Delivered: it.Delivered, Read: it.Read, Cleared: it.Cleared, Unread: it.Unread, LastTs: it.LastTs, MutedUntil: it.MutedUntil}
 	}
 	s.knowAll(heads)
 	if page.More && page.Next != nil {

@@ -38,6 +38,9 @@ type Message struct {
 	Device string // the sending device (it gets send_ok instead of a push)
 	Cmid   string
 	Body   []byte
+	// Mentions: users the message mentions (at most 50); those who are
+	// not current members are dropped when it is stored.
+	Mentions []string
 }
 
 // SendResult is the outcome of one send.
@@ -277,7 +280,7 @@ func (l *Log) commitSends(items []*pendingSend) {
 			if r.Err == nil && !r.Dup {
 				m := msgs[i]
 				committed = append(committed, Committed{Device: it.msg.Device, Event: store.Event{
-					Conv: m.Conv, Seq: m.Seq, Kind: store.KindMsg, Sender: m.Sender, Cmid: m.Cmid, Body: m.Body, Ts: m.Ts},
+					Conv: m.Conv, Seq: m.Seq, Kind: store.KindMsg, Sender: m.Sender, Cmid: m.Cmid, Body: m.Body, Ts: m.Ts, Mentions: r.Mentions},
 					Members: r.Members, Recipients: r.Recipients, HaveRecipients: r.HaveRecipients})
 			}
 		}
@@ -309,7 +312,7 @@ func (l *Log) insertBatch(ctx context.Context, items []*pendingSend) ([]store.In
 			results[k].Err = it.allocErr
 			continue
 		}
-		msgs[k] = store.NewMessage{Conv: it.msg.Conv, Sender: it.msg.Sender, Cmid: it.msg.Cmid, Body: it.msg.Body, Seq: it.seq, Ts: ts}
+		msgs[k] = store.NewMessage{Conv: it.msg.Conv, Sender: it.msg.Sender, Cmid: it.msg.Cmid, Body: it.msg.Body, Seq: it.seq, Ts: ts, Mentions: it.msg.Mentions}
 		at = append(at, k)
 		toInsert = append(toInsert, msgs[k])
 	}

@@ -445,7 +445,7 @@ func (f *Fanout) queueRows(ctx context.Context, evs []eventlog.Committed, recipi
 // PushFrame encodes e as a push frame.
 func PushFrame(e store.Event) ([]byte, error) {
 	p := wire.Push{T: wire.TPush, Conv: e.Conv, Seq: e.Seq, Kind: e.Kind.String(), Sender: e.Sender, Body: e.Body,
-		Ts: e.Ts, Cmid: e.Cmid, Target: e.Target, Users: e.Users}
+		Ts: e.Ts, Cmid: e.Cmid, Target: e.Target, Users: e.Users, Mentions: e.Mentions}
 	return wire.AppendFrame(nil, p)
 }
 

@@ -157,6 +157,15 @@ type Config struct {
 	ProbeRedis    string
 	ProbeRate     float64
 
+	// Scenario notify (docs/loadtest.md): Groups groups of one sender
+	// (Senders devices, default 20) and Size receivers drawn from Users
+	// receivers, registered with the server's webhook, which must be
+	// NotifySink (the tool listens there) signing with NotifySecret;
+	// NotifyDelay is the server's notify_delay.
+	NotifySink   string        // default 127.0.0.1:9099
+	NotifySecret string        // "" skips the signature check
+	NotifyDelay  time.Duration // default 3s
+
 	Out  io.Writer // live line and notes (nil: discarded)
 	Live LiveMode
 
@@ -198,6 +207,20 @@ func (c *Config) setDefaults() {
 	}
 	if c.Users == 0 {
 		c.Users = 1000
+	}
+	if c.Scenario == "notify" {
+		if c.Groups == 0 {
+			c.Groups = 2000
+		}
+		if c.Senders == 0 {
+			c.Senders = 20
+		}
+		if c.NotifySink == "" {
+			c.NotifySink = "127.0.0.1:9099"
+		}
+		if c.NotifyDelay == 0 {
+			c.NotifyDelay = 3 * time.Second
+		}
 	}
 	if c.Groups == 0 {
 		c.Groups = 50
@@ -321,6 +344,9 @@ func (c *Config) Validate() error {
 	if c.Scenario == "mixed" {
 		c.validateMixed(bad)
 	}
+	if c.Scenario == "notify" && (c.Size < 1 || c.Size > c.Users || c.Senders < 1 || c.Senders > c.Groups) {
+		bad("notify: size 1 to users, senders 1 to groups")
+	}
 	if c.Members < 2 || c.Members > MaxMembers {
 		bad("members must be 2 to %d", MaxMembers)
 	}
@@ -402,10 +428,11 @@ var scenarios = map[string]func(context.Context, *runner) error{
 	"idle":   runIdle,
 	"storm":  runStorm,
 	"mixed":  runMixed,
+	"notify": runNotify,
 }
 
 // sendScenarios are the scenarios that pace sends (and need -rate).
-var sendScenarios = map[string]bool{"direct": true, "group": true, "large": true, "mixed": true}
+var sendScenarios = map[string]bool{"direct": true, "group": true, "large": true, "mixed": true, "notify": true}
 
 // Scenarios lists the scenario names.
 func Scenarios() []string {

@@ -96,6 +96,8 @@ type Report struct {
 	Idle  *IdleReport  `json:"idle,omitempty"`
 	Storm *StormReport `json:"storm,omitempty"`
 	Mixed *MixedReport `json:"mixed,omitempty"`
+	// Notify is the notify scenario's (notifications against the owed set).
+	Notify *NotifyReport `json:"notify,omitempty"`
 
 	// Latency is every latency metric of the run (send_ok and push again,
 	// and the scenario's own: ping, reconnect, …); Timeline their
@@ -131,6 +133,8 @@ func (rep *Report) Failed() bool {
 		return true
 	case rep.Mixed != nil:
 		return rep.Mixed.ReadShort > 0
+	case rep.Notify != nil:
+		return rep.Notify.Missing > 0 || rep.Notify.Unexpected > 0 || rep.Notify.BadSig > 0
 	case rep.Idle != nil:
 		return rep.Idle.Failed > 0 || rep.Idle.Dropped > 0
 	case rep.Storm != nil:
@@ -164,6 +168,14 @@ func (rep *Report) WriteTable(w io.Writer) {
 	case "large":
 		fmt.Fprintf(w, "one group of %d members, %d online, %d sending: each send is owed %d pushes\n",
 			rep.Members, rep.Online, rep.Senders, rep.Online-1)
+	case "notify":
+		if n := rep.Notify; n != nil {
+			fmt.Fprintf(w, "%d groups of 1 sender (%d sender devices) + %d receivers, of %d receivers (%d muted, %d connected and acking: owed nothing)\n",
+				n.Groups, n.Senders, n.Size, n.Receivers, n.Muted, n.Acking)
+			fmt.Fprintf(w, "notifications: %d owed, %d received, %d missing, %d duplicates, %d unexpected, %d bad signatures, %d collapsed; %.0f/s at the sink\n",
+				n.Expected, n.Received, n.Missing, n.Duplicates, n.Unexpected, n.BadSig, n.Collapsed, n.PerS)
+			fmt.Fprintf(w, "commit → sink ms: p50 %.1f  p90 %.1f  p99 %.1f  max %.1f\n", n.LatencyMs.P50, n.LatencyMs.P90, n.LatencyMs.P99, n.LatencyMs.Max)
+		}
 	case "mixed":
 		if mr := rep.Mixed; mr != nil {
 			fmt.Fprintf(w, "%d users, %d devices (%.2f per user, %d users with several), %d direct conversations (%d per user), %d groups of %d; %.2f conversations and %.3f msgs/s per user\n",

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -53,6 +54,7 @@ type Event struct {
 	Recalled bool
 	Target   int64
 	Users    []string
+	Mentions []string // msg: the mentioned users who were members at send time
 	// Edited is the ts of the newest edit of a msg (0: never edited); its
 	// Body is then that edit's.
 	Edited int64
@@ -66,6 +68,9 @@ type NewMessage struct {
 	Body   []byte
 	Seq    int64
 	Ts     int64
+	// Mentions: users the message mentions; those who are not current
+	// members are dropped when it is stored.
+	Mentions []string
 }
 
 // InsertResult is what happened to one NewMessage.
@@ -81,6 +86,7 @@ type InsertResult struct {
 	Members        int64
 	Recipients     []string
 	HaveRecipients bool
+	Mentions       []string // as stored
 }
 
 // InsertMessages stores msgs in one transaction (group commit). Per row:
@@ -118,17 +124,17 @@ func (s *Store) InsertMessages(ctx context.Context, msgs []NewMessage, recipient
 // hashed all of them for every batch, and kept doing so as they grew.
 const insertMessagesSQL = `WITH u AS (
 		SELECT u.*, c.conv_key, c.member_count
-		FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::bytea[], $6::bigint[]) AS u(conv, seq, sender, cmid, body, ts)
+		FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::bytea[], $6::bigint[], $8::text[]) AS u(conv, seq, sender, cmid, body, ts, mentions)
 		CROSS JOIN LATERAL (SELECT c.conv_key, c.member_count FROM conversations c WHERE c.conv_id = u.conv LIMIT 1) c
 	), ins AS (
-		INSERT INTO events (conv_key, seq, kind, sender, cmid, body, ts)
-		SELECT u.conv_key, u.seq, 1, u.sender, u.cmid, u.body, u.ts
+		INSERT INTO events (conv_key, seq, kind, sender, cmid, body, ts, mentions)
+		SELECT u.conv_key, u.seq, 1, u.sender, u.cmid, u.body, u.ts, ` + mentionsSQL + `
 		FROM u
 		WHERE coalesce((SELECT true FROM membership_periods m
 		                WHERE m.conv_id = u.conv AND m.user_id = u.sender AND m.to_seq IS NULL AND m.from_seq <= u.seq LIMIT 1), false)
 		%s
-		RETURNING conv_key, seq)
-	SELECT u.conv, u.seq, u.member_count,
+		RETURNING conv_key, seq, mentions)
+	SELECT u.conv, u.seq, ins.mentions, u.member_count,
 		CASE WHEN u.member_count < $7 THEN ARRAY(SELECT m.user_id FROM membership_periods m
 			WHERE m.conv_id = u.conv AND m.from_seq <= u.seq AND (m.to_seq IS NULL OR m.to_seq >= u.seq)) END
 	FROM ins JOIN u ON u.conv_key = ins.conv_key AND u.seq = ins.seq`
@@ -143,8 +149,10 @@ func (s *Store) insertMessages(ctx context.Context, msgs []NewMessage, recipient
 	convs, senders, cmids := make([]string, n), make([]string, n), make([]string, n)
 	bodies := make([][]byte, n)
 	seqs, tss := make([]int64, n), make([]int64, n)
+	mentions := make([]*string, n)
 	for i, m := range msgs {
 		convs[i], senders[i], cmids[i], bodies[i], seqs[i], tss[i] = m.Conv, m.Sender, m.Cmid, m.Body, m.Seq, m.Ts
+		mentions[i] = mentionsJSON(m.Mentions)
 	}
 	res := make([]InsertResult, n)
 	// One transaction, sent in one round trip, and one WAL flush commit
@@ -162,7 +170,7 @@ func (s *Store) insertMessages(ctx context.Context, msgs []NewMessage, recipient
 	}
 	b := &pgx.Batch{}
 	b.Queue(lockSharedSQL, changeLockKeys(convs))
-	b.Queue(query, convs, seqs, senders, cmids, bodies, tss, recipientsBelow)
+	b.Queue(query, convs, seqs, senders, cmids, bodies, tss, recipientsBelow, mentions)
 	br := s.pool.SendBatch(ctx, b)
 	defer br.Close()
 	if _, err := br.Exec(); err != nil {
@@ -175,12 +183,13 @@ func (s *Store) insertMessages(ctx context.Context, msgs []NewMessage, recipient
 	type insertedRow struct {
 		members    int64
 		recipients []string
+		mentions   []string
 	}
 	inserted := make(map[ConvSeq]insertedRow, n)
 	for rows.Next() {
 		var k ConvSeq
 		var r insertedRow
-		if err := rows.Scan(&k.Conv, &k.Seq, &r.members, &r.recipients); err != nil {
+		if err := rows.Scan(&k.Conv, &k.Seq, &r.mentions, &r.members, &r.recipients); err != nil {
 			rows.Close()
 			return nil, err
 		}
@@ -206,6 +215,7 @@ func (s *Store) insertMessages(ctx context.Context, msgs []NewMessage, recipient
 			continue
 		}
 		res[i].Members, res[i].Recipients, res[i].HaveRecipients = r.members, r.recipients, r.recipients != nil
+		res[i].Mentions = r.mentions
 	}
 	if len(missing) > 0 {
 		// The inserted rows are committed already; explaining the others
@@ -422,7 +432,7 @@ func readRanges(ctx context.Context, tx pgx.Tx, conv convRef, periods []Period, 
 		}
 		end := min(next.To, p.Head)
 		want := limit - len(p.Events)
-		rows, err := tx.Query(ctx, `SELECT seq, kind, sender, coalesce(cmid, ''), coalesce(body, ''::bytea), ts, recalled_by IS NOT NULL, coalesce(target, 0), users, coalesce(edited_ts, 0)
+		rows, err := tx.Query(ctx, `SELECT seq, kind, sender, coalesce(cmid, ''), coalesce(body, ''::bytea), ts, recalled_by IS NOT NULL, coalesce(target, 0), users, mentions, coalesce(edited_ts, 0)
 			FROM events WHERE conv_key = $1 AND seq > $2 AND seq <= $3 ORDER BY seq LIMIT $4`, conv.key, pos, end, want)
 		if err != nil {
 			return err
@@ -431,7 +441,7 @@ func readRanges(ctx context.Context, tx pgx.Tx, conv convRef, periods []Period, 
 		gap := int64(0)
 		for rows.Next() {
 			e := Event{Conv: conv.id}
-			if err := rows.Scan(&e.Seq, &e.Kind, &e.Sender, &e.Cmid, &e.Body, &e.Ts, &e.Recalled, &e.Target, &e.Users, &e.Edited); err != nil {
+			if err := rows.Scan(&e.Seq, &e.Kind, &e.Sender, &e.Cmid, &e.Body, &e.Ts, &e.Recalled, &e.Target, &e.Users, &e.Mentions, &e.Edited); err != nil {
 				rows.Close()
 				return err
 			}
@@ -492,4 +502,22 @@ func firstGap(ctx context.Context, tx pgx.Tx, conv convRef, from, to int64) (int
 func isDeadlock(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && (pgErr.Code == "40P01" || pgErr.Code == "40001")
+}
+
+// mentionsSQL is the stored mentions of a row u of the insert: the users
+// of u.mentions (a JSON array, or NULL) who are current members, in the
+// order given, or NULL when none remain.
+const mentionsSQL = `CASE WHEN u.mentions IS NOT NULL THEN nullif(ARRAY(
+		SELECT x.usr FROM jsonb_array_elements_text(u.mentions::jsonb) WITH ORDINALITY AS x(usr, i)
+		WHERE EXISTS (SELECT 1 FROM membership_periods mm WHERE mm.conv_id = u.conv AND mm.user_id = x.usr AND mm.to_seq IS NULL)
+		ORDER BY x.i), '{}') END`
+
+// mentionsJSON encodes mentions for the insert (nil when there are none).
+func mentionsJSON(mentions []string) *string {
+	if len(mentions) == 0 {
+		return nil
+	}
+	b, _ := json.Marshal(mentions)
+	s := string(b)
+	return &s
 }

@@ -35,6 +35,8 @@ type Message struct {
 	Sender          string     `msgpack:"sender,omitempty"`
 	Body            []byte     `msgpack:"body,omitempty"`
 	Users           []string   `msgpack:"users,omitempty"`
+	Mentions        []string   `msgpack:"mentions,omitempty"`
+	MutedUntil      int64      `msgpack:"muted_until,omitempty"`
 	Reason          string     `msgpack:"reason,omitempty"`
 	Code            Code       `msgpack:"code,omitempty"`
 	Msg             string     `msgpack:"msg,omitempty"`
@@ -44,28 +46,29 @@ type Message struct {
 // Item is one element of convs_ok.items or snapshot_ok.items: the union of
 // ConvItem and SnapshotItem.
 type Item struct {
-	Conv      string  `msgpack:"conv"`
-	Kind      string  `msgpack:"kind,omitempty"`
-	Title     string  `msgpack:"title,omitempty"`
-	Mode      string  `msgpack:"mode,omitempty"`
-	Epoch     int64   `msgpack:"epoch,omitempty"`
-	Head      int64   `msgpack:"head"`
-	MinSeq    int64   `msgpack:"min_seq,omitempty"`
-	Delivered int64   `msgpack:"delivered,omitempty"`
-	Read      int64   `msgpack:"read"`
-	Cleared   int64   `msgpack:"cleared,omitempty"`
-	Unread    int64   `msgpack:"unread"`
-	LastTs    int64   `msgpack:"last_ts,omitempty"`
-	Events    []Event `msgpack:"events,omitempty"`
-	Skipped   int64   `msgpack:"skipped,omitempty"`
-	Error     string  `msgpack:"error,omitempty"`
+	Conv       string  `msgpack:"conv"`
+	Kind       string  `msgpack:"kind,omitempty"`
+	Title      string  `msgpack:"title,omitempty"`
+	Mode       string  `msgpack:"mode,omitempty"`
+	Epoch      int64   `msgpack:"epoch,omitempty"`
+	Head       int64   `msgpack:"head"`
+	MinSeq     int64   `msgpack:"min_seq,omitempty"`
+	Delivered  int64   `msgpack:"delivered,omitempty"`
+	Read       int64   `msgpack:"read"`
+	Cleared    int64   `msgpack:"cleared,omitempty"`
+	Unread     int64   `msgpack:"unread"`
+	LastTs     int64   `msgpack:"last_ts,omitempty"`
+	MutedUntil int64   `msgpack:"muted_until,omitempty"`
+	Events     []Event `msgpack:"events,omitempty"`
+	Skipped    int64   `msgpack:"skipped,omitempty"`
+	Error      string  `msgpack:"error,omitempty"`
 }
 
 // ConvItem returns the convs_ok view of it.
 func (it *Item) ConvItem() ConvItem {
 	return ConvItem{Conv: it.Conv, Kind: it.Kind, Title: it.Title, Mode: it.Mode,
 		Epoch: it.Epoch, Head: it.Head, MinSeq: it.MinSeq, Delivered: it.Delivered,
-		Read: it.Read, Cleared: it.Cleared, Unread: it.Unread, LastTs: it.LastTs}
+		Read: it.Read, Cleared: it.Cleared, Unread: it.Unread, LastTs: it.LastTs, MutedUntil: it.MutedUntil}
 }
 
 // SnapshotItem returns the snapshot_ok view of it.
@@ -85,7 +88,7 @@ func (m *Message) Err() *Error {
 // Event returns the event a `push` frame carries.
 func (m *Message) Event() Event {
 	return Event{Seq: m.Seq, Kind: m.Kind, Sender: m.Sender, Body: m.Body, Ts: m.Ts,
-		Cmid: m.Cmid, Target: m.Target, Users: m.Users}
+		Cmid: m.Cmid, Target: m.Target, Users: m.Users, Mentions: m.Mentions}
 }
 
 // DecodeMessage decodes one server→client frame body (without the length
@@ -265,6 +268,8 @@ func (r *reader) event(depth int, ev *Event) *Error {
 			return r.getInt("target", &ev.Target)
 		case "users":
 			return r.getStrs("users", &ev.Users)
+		case "mentions":
+			return r.getStrs("mentions", &ev.Mentions)
 		case "edited":
 			return r.getInt("edited", &ev.Edited)
 		}
@@ -299,6 +304,8 @@ func (r *reader) item(depth int, it *Item) *Error {
 			return r.getInt("cleared", &it.Cleared)
 		case "last_ts":
 			return r.getInt("last_ts", &it.LastTs)
+		case "muted_until":
+			return r.getInt("muted_until", &it.MutedUntil)
 		case "events":
 			return r.getEvents("events", depth+1, &it.Events)
 		case "skipped":
@@ -419,6 +426,10 @@ func (m *Message) decode(r *reader) *Error {
 			return r.getBytes("body", &m.Body)
 		case "users":
 			return r.getStrs("users", &m.Users)
+		case "mentions":
+			return r.getStrs("mentions", &m.Mentions)
+		case "muted_until":
+			return r.getInt("muted_until", &m.MutedUntil)
 		case "reason":
 			return r.getStr("reason", &m.Reason)
 		case "code":

@@ -23,6 +23,10 @@ const (
 	TReceipts   = "receipts"
 	TSettings   = "settings"
 
+	TNotifyRegister   = "notify_register"
+	TNotifyUnregister = "notify_unregister"
+	TConvSettings     = "conv_settings"
+
 	// server → client replies
 	TAuthOK       = "auth_ok"
 	TPong         = "pong"
@@ -205,6 +209,7 @@ type Event struct {
 	Recalled bool     `msgpack:"recalled,omitempty"`
 	Target   int64    `msgpack:"target,omitempty"`
 	Users    []string `msgpack:"users,omitempty"`
+	Mentions []string `msgpack:"mentions,omitempty"`
 	// Edited is the ts of the message's newest edit (msg only; Body is
 	// then the edited body).
 	Edited int64 `msgpack:"edited,omitempty"`
@@ -213,7 +218,7 @@ type Event struct {
 func (ev Event) appendMsgpack(b []byte) []byte { return ev.appendTo(b) }
 
 func (ev *Event) appendTo(b []byte) []byte {
-	b = appendMapLen(b, 5+count(ev.Cmid != "", ev.Recalled, ev.Target != 0, len(ev.Users) > 0, ev.Edited != 0))
+	b = appendMapLen(b, 5+count(ev.Cmid != "", ev.Recalled, ev.Target != 0, len(ev.Users) > 0, len(ev.Mentions) > 0, ev.Edited != 0))
 	b = kvInt(b, "seq", ev.Seq)
 	b = kvStr(b, "kind", ev.Kind)
 	b = kvStr(b, "sender", ev.Sender)
@@ -230,6 +235,9 @@ func (ev *Event) appendTo(b []byte) []byte {
 	}
 	if len(ev.Users) > 0 {
 		b = kvStrs(b, "users", ev.Users)
+	}
+	if len(ev.Mentions) > 0 {
+		b = kvStrs(b, "mentions", ev.Mentions)
 	}
 	if ev.Edited != 0 {
 		b = kvInt(b, "edited", ev.Edited)
@@ -334,12 +342,15 @@ type ConvItem struct {
 	Cleared   int64  `msgpack:"cleared"`
 	Unread    int64  `msgpack:"unread"`
 	LastTs    int64  `msgpack:"last_ts"`
+	// MutedUntil: the user's mute of the conversation (Unix ms; 0: not
+	// muted), always written.
+	MutedUntil int64 `msgpack:"muted_until"`
 }
 
 func (it ConvItem) appendMsgpack(b []byte) []byte { return it.appendTo(b) }
 
 func (it *ConvItem) appendTo(b []byte) []byte {
-	b = appendMapLen(b, 11+count(it.Title != ""))
+	b = appendMapLen(b, 12+count(it.Title != ""))
 	b = kvStr(b, "conv", it.Conv)
 	b = kvStr(b, "kind", it.Kind)
 	if it.Title != "" {
@@ -353,7 +364,8 @@ func (it *ConvItem) appendTo(b []byte) []byte {
 	b = kvInt(b, "read", it.Read)
 	b = kvInt(b, "cleared", it.Cleared)
 	b = kvInt(b, "unread", it.Unread)
-	return kvInt(b, "last_ts", it.LastTs)
+	b = kvInt(b, "last_ts", it.LastTs)
+	return kvInt(b, "muted_until", it.MutedUntil)
 }
 
 // EncodeMsgpack implements msgpack.CustomEncoder.
@@ -598,34 +610,35 @@ func (r Receipt) EncodeMsgpack(e *msgpack.Encoder) error { return encodeCustom(e
 
 // Push carries one new event to a device (no rid).
 type Push struct {
-	T      string   `msgpack:"t"`
-	Conv   string   `msgpack:"conv"`
-	Seq    int64    `msgpack:"seq"`
-	Kind   string   `msgpack:"kind"`
-	Sender string   `msgpack:"sender"`
-	Body   []byte   `msgpack:"body"`
-	Ts     int64    `msgpack:"ts"`
-	Cmid   string   `msgpack:"cmid,omitempty"`
-	Target int64    `msgpack:"target,omitempty"`
-	Users  []string `msgpack:"users,omitempty"`
+	T        string   `msgpack:"t"`
+	Conv     string   `msgpack:"conv"`
+	Seq      int64    `msgpack:"seq"`
+	Kind     string   `msgpack:"kind"`
+	Sender   string   `msgpack:"sender"`
+	Body     []byte   `msgpack:"body"`
+	Ts       int64    `msgpack:"ts"`
+	Cmid     string   `msgpack:"cmid,omitempty"`
+	Target   int64    `msgpack:"target,omitempty"`
+	Users    []string `msgpack:"users,omitempty"`
+	Mentions []string `msgpack:"mentions,omitempty"`
 }
 
 // PushOf returns the push frame for event ev of conversation conv.
 func PushOf(conv string, ev *Event) Push {
 	return Push{T: TPush, Conv: conv, Seq: ev.Seq, Kind: ev.Kind, Sender: ev.Sender,
-		Body: ev.Body, Ts: ev.Ts, Cmid: ev.Cmid, Target: ev.Target, Users: ev.Users}
+		Body: ev.Body, Ts: ev.Ts, Cmid: ev.Cmid, Target: ev.Target, Users: ev.Users, Mentions: ev.Mentions}
 }
 
 // Event returns the event a push carries.
 func (r *Push) Event() Event {
 	return Event{Seq: r.Seq, Kind: r.Kind, Sender: r.Sender, Body: r.Body, Ts: r.Ts,
-		Cmid: r.Cmid, Target: r.Target, Users: r.Users}
+		Cmid: r.Cmid, Target: r.Target, Users: r.Users, Mentions: r.Mentions}
 }
 
 func (r Push) appendMsgpack(b []byte) []byte { return r.appendTo(b) }
 
 func (r *Push) appendTo(b []byte) []byte {
-	b = appendMapLen(b, 7+count(r.Cmid != "", r.Target != 0, len(r.Users) > 0))
+	b = appendMapLen(b, 7+count(r.Cmid != "", r.Target != 0, len(r.Users) > 0, len(r.Mentions) > 0))
 	b = kvStr(b, "t", orT(r.T, TPush))
 	b = kvStr(b, "conv", r.Conv)
 	b = kvInt(b, "seq", r.Seq)
@@ -641,6 +654,9 @@ func (r *Push) appendTo(b []byte) []byte {
 	}
 	if len(r.Users) > 0 {
 		b = kvStrs(b, "users", r.Users)
+	}
+	if len(r.Mentions) > 0 {
+		b = kvStrs(b, "mentions", r.Mentions)
 	}
 	return b
 }

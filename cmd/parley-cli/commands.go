@@ -86,6 +86,8 @@ func init() {
 		{"read", "[CONV] [SEQ]", "mark read up to SEQ (default: the head)", cmdRead},
 		{"ack", "CONV SEQ", "set this device's delivery cursor (it only grows)", cmdAck},
 		{"recall", "[CONV] SEQ", "recall your message at SEQ", cmdRecall},
+		{"notify", "register PROVIDER TOKEN [sandbox] | unregister", "register this device's notification address (apns, fcm or webhook), or remove it", cmdNotify},
+		{"mute", "CONV DURATION", "mute CONV for DURATION (e.g. 30m, 8h; 0 unmutes): only mentions notify", cmdMute},
 		{"edit", "[CONV] SEQ TEXT", "replace the text of your message at SEQ", cmdEdit},
 		{"clear", "[CONV] [SEQ]", "delete for me: hide CONV's history up to SEQ (default: the head) from all your devices", cmdClear},
 		{"receipts", "[CONV]", "the members' read positions (conversations of the push tier)", cmdReceipts},
@@ -458,6 +460,69 @@ func cmdRecall(ctx context.Context, s *session, cl *cmdLine) (result, error) {
 		return nil, err
 	}
 	return &recallResult{Conv: conv, Seq: r.Seq, Target: r.Target}, nil
+}
+
+// ---- notifications ----
+
+type notifyResult struct {
+	Provider   string `json:"provider,omitempty"`
+	Registered bool   `json:"registered"`
+}
+
+func (r *notifyResult) text(*session) string {
+	if !r.Registered {
+		return "notifications: unregistered"
+	}
+	return "notifications: registered with " + r.Provider
+}
+
+func cmdNotify(ctx context.Context, s *session, cl *cmdLine) (result, error) {
+	args := cl.args()
+	switch {
+	case len(args) == 1 && args[0] == "unregister":
+		if _, err := s.c.NotifyUnregister(ctx); err != nil {
+			return nil, err
+		}
+		return &notifyResult{}, nil
+	case (len(args) == 3 || len(args) == 4 && args[3] == "sandbox") && args[0] == "register":
+		if _, err := s.c.NotifyRegister(ctx, args[1], args[2], len(args) == 4); err != nil {
+			return nil, err
+		}
+		return &notifyResult{Provider: args[1], Registered: true}, nil
+	}
+	return nil, needUsage()
+}
+
+type muteResult struct {
+	Conv       string `json:"conv"`
+	MutedUntil int64  `json:"muted_until"`
+}
+
+func (r *muteResult) text(*session) string {
+	if r.MutedUntil == 0 {
+		return r.Conv + ": unmuted"
+	}
+	return fmt.Sprintf("%s: muted until %s", r.Conv, time.UnixMilli(r.MutedUntil).Format(time.DateTime))
+}
+
+func cmdMute(ctx context.Context, s *session, cl *cmdLine) (result, error) {
+	args := cl.args()
+	if len(args) != 2 {
+		return nil, needUsage()
+	}
+	d, err := time.ParseDuration(args[1])
+	if err != nil || d < 0 {
+		return nil, usagef("DURATION: a duration such as 30m or 8h (0 unmutes)")
+	}
+	until := int64(0)
+	if d > 0 {
+		until = time.Now().Add(d).UnixMilli()
+	}
+	r, err := s.c.Mute(ctx, args[0], until)
+	if err != nil {
+		return nil, err
+	}
+	return &muteResult{Conv: r.Conv, MutedUntil: r.MutedUntil}, nil
 }
 
 type editResult struct {

@@ -71,13 +71,13 @@ func run(args []string) int {
 	fs.IntVar(&cfg.Pairs, "pairs", 100, "direct: pairs of users (one device each, both send)")
 	fs.IntVar(&cfg.BodySize, "body-size", 100, "message body `bytes` (the first 8 carry the send time)")
 	// Scenario group (and storm's -size, mixed's -groups and -size).
-	fs.IntVar(&cfg.Groups, "groups", 0, "group: how many groups (default 50); mixed: groups with members drawn at random (default users/size; 0: none)")
+	fs.IntVar(&cfg.Groups, "groups", 0, "group: how many groups (default 50); mixed: groups with members drawn at random (default users/size; 0: none); notify: groups (default 2000)")
 	fs.IntVar(&cfg.Size, "size", 0, "group, mixed: members per group (default 20); storm: members per conversation (default 5)")
 	fs.IntVar(&cfg.GroupOnline, "group-online", 0, "group: members of each group that connect (the rest are offline members; default all)")
 	// Scenario large.
 	fs.IntVar(&cfg.Members, "members", 10000, "large: members of the group")
 	fs.IntVar(&cfg.Online, "online", 0, "large: members connected (default min(2000, members))")
-	fs.IntVar(&cfg.Senders, "senders", 0, "large: online members that send (default min(10, online))")
+	fs.IntVar(&cfg.Senders, "senders", 0, "large: online members that send (default min(10, online)); notify: sender devices (default 20)")
 	// Scenario idle.
 	fs.IntVar(&cfg.Conns, "conns", 1000, "idle: connections to hold")
 	fs.DurationVar(&cfg.PingInterval, "ping", 30*time.Second, "idle: each connection pings this often")
@@ -87,7 +87,10 @@ func run(args []string) int {
 	fs.IntVar(&cfg.ConvsPer, "convs", 3, "storm: conversations per device")
 	fs.IntVar(&cfg.Msgs, "msgs", 5, "storm: messages per conversation, sent before the storm")
 	// Scenario mixed.
-	fs.IntVar(&cfg.Users, "users", 1000, "mixed: users")
+	fs.IntVar(&cfg.Users, "users", 1000, "mixed: users; notify: receivers")
+	fs.StringVar(&cfg.NotifySink, "sink", "127.0.0.1:9099", "notify: the webhook sink's listen `address` (the server's notify_webhook_url must point there)")
+	fs.StringVar(&cfg.NotifySecret, "sink-secret", "", "notify: the server's notify_webhook_secret, to check signatures (empty: not checked)")
+	fs.DurationVar(&cfg.NotifyDelay, "notify-delay", 3*time.Second, "notify: the server's notify_delay")
 	fs.Float64Var(&cfg.DevicesPerUser, "devices-per-user", 1.6, "mixed: devices per user on average, 1 to 8 (each user gets ⌊`D`⌋ or ⌈D⌉, all connected)")
 	fs.IntVar(&cfg.Directs, "directs", 4, "mixed: direct conversations per user (0: none)")
 	fs.Float64Var(&cfg.ReadProb, "read-prob", 0.3, "mixed: a device pushed a message reads its conversation with this probability `P` (0: never)")
