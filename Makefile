@@ -35,11 +35,31 @@ build: ## Build every package
 	$(GO) build ./...
 .PHONY: build
 
-test: services ## Vet, run all tests with -race against real PostgreSQL and Redis, then fuzz the wire decoder for 10 s
+test: services ## Vet, run all tests with -race against real PostgreSQL and Redis, then fuzz the wire decoder (10 s), the PROXY header and WebSocket frame parsers (5 s each)
 	$(GO) vet ./...
 	$(TEST_ENV) $(GO) test -race -count=1 -timeout 9m ./...
 	$(GO) test ./wire -run '^$$' -fuzz FuzzDecodeRequest -fuzztime 10s
+	$(GO) test ./conn -run '^$$' -fuzz FuzzProxyHeader -fuzztime 5s
+	$(GO) test ./conn -run '^$$' -fuzz FuzzWSFrames -fuzztime 5s
 .PHONY: test
+
+test-browser: services ## Run the browser demo (web/) in headless Chromium, installed on demand: two pages exchange messages
+	$(TEST_ENV) $(GO) test -tags browser -count=1 -timeout 5m ./web/ -run TestBrowser
+.PHONY: test-browser
+
+web: ## Serve the browser demo on http://127.0.0.1:8080 (point it at parleyd's ws_listen)
+	$(GO) run ./cmd/parley-web
+.PHONY: web
+
+MSGPACK_JS_VERSION ?= 3.1.3
+
+web-vendor: ## Fetch @msgpack/msgpack from npm into web/vendor/ (the page loads nothing from elsewhere)
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	(cd "$$tmp" && npm pack --silent @msgpack/msgpack@$(MSGPACK_JS_VERSION) >/dev/null && tar xzf msgpack-msgpack-$(MSGPACK_JS_VERSION).tgz) && \
+	cp "$$tmp/package/dist.umd/msgpack.min.js" web/vendor/msgpack.min.js && \
+	cp "$$tmp/package/LICENSE" web/vendor/msgpack.LICENSE && \
+	echo "web/vendor: @msgpack/msgpack $(MSGPACK_JS_VERSION)"
+.PHONY: web-vendor
 
 # A private 6-node Redis Cluster on 127.0.0.1:$(CLUSTER_PORT)…+5 (bus: port+10000).
 CLUSTER_PORT ?= 7101

@@ -42,21 +42,24 @@ type Connected func(ctx context.Context, user string) (map[string]bool, error)
 // API serves the admin endpoints.
 type API struct {
 	// Static after construction.
-	notify    Notify
-	connected Connected
-	token     string
-	st        *store.Store
-	log       *eventlog.Log
-	cursors   *cursor.Cursors
-	mode      ModeFunc
-	logger    *slog.Logger
-	mux       *http.ServeMux
+	notify      Notify
+	userDevices Connected
+	token       string
+	st          *store.Store
+	log         *eventlog.Log
+	cursors     *cursor.Cursors
+	mode        ModeFunc
+	logger      *slog.Logger
+	mux         *http.ServeMux
+	// Set by Connected before serving (nil: devices read as not
+	// connected).
+	connected ConnectedFunc
 }
 
 // New returns the handler. notify carries lifecycle changes to the
 // gateways; connected answers GET /v1/users/{id}'s connected flags.
 func New(token string, st *store.Store, log *eventlog.Log, cursors *cursor.Cursors, mode ModeFunc, notify Notify, connected Connected, logger *slog.Logger) *API {
-	a := &API{token: token, st: st, log: log, cursors: cursors, mode: mode, notify: notify, connected: connected, logger: logger, mux: http.NewServeMux()}
+	a := &API{token: token, st: st, log: log, cursors: cursors, mode: mode, notify: notify, userDevices: connected, logger: logger, mux: http.NewServeMux()}
 	a.mux.HandleFunc("POST /v1/users", a.createUser)
 	a.mux.HandleFunc("POST /v1/devices", a.createDevice)
 	a.mux.HandleFunc("POST /v1/devices/{id}/reinstall", a.reinstall)
@@ -65,6 +68,7 @@ func New(token string, st *store.Store, log *eventlog.Log, cursors *cursor.Curso
 	a.mux.HandleFunc("POST /v1/users/{id}/suspend", a.suspend)
 	a.mux.HandleFunc("POST /v1/users/{id}/unsuspend", a.unsuspend)
 	a.mux.HandleFunc("GET /v1/users/{id}", a.getUser)
+	a.mux.HandleFunc("GET /v1/devices/{id}", a.getDevice)
 	a.mux.HandleFunc("POST /v1/conversations", a.createConversation)
 	a.mux.HandleFunc("POST /v1/conversations/{id}/members", a.addMembers)
 	a.mux.HandleFunc("DELETE /v1/conversations/{id}/members/{user}", a.removeMember)

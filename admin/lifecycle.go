@@ -93,7 +93,7 @@ func (a *API) getUser(w http.ResponseWriter, r *http.Request) {
 	}
 	var online map[string]bool
 	if a.connected != nil {
-		if online, err = a.connected(r.Context(), u.ID); err != nil {
+		if online, err = a.userDevices(r.Context(), u.ID); err != nil {
 			a.fail(w, r, err)
 			return
 		}

@@ -58,6 +58,7 @@ package client
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -162,7 +163,7 @@ func (s State) String() string {
 // the request wrappers, but not Sync or Close (both wait for that
 // goroutine, so they would deadlock).
 type Options struct {
-	Addr   string // host:port of a Parley gateway
+	Addr   string // host:port of a Parley gateway, or its WebSocket URL (ws://host:port/v1/ws)
 	Device string // device id
 	Token  string // the device's token
 
@@ -229,6 +230,8 @@ type Options struct {
 
 	// Dialer, if set, dials the TCP connections.
 	Dialer *net.Dialer
+	// TLS, if set, wraps the connections in TLS (as DialOptions.TLS).
+	TLS *tls.Config
 	// Logger receives the client's diagnostics (default: discarded).
 	Logger *slog.Logger
 }

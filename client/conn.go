@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -44,11 +45,15 @@ type DialOptions struct {
 	OnServerFrame func(wire.Message)
 	// Dialer, if set, dials the TCP connection (e.g. from another 127.0.0.x).
 	Dialer *net.Dialer
+	// TLS, if set, wraps the connection in TLS (for a TCP address; a
+	// wss:// address uses it for its TLS).
+	TLS *tls.Config
 	// MaxFrame is the largest frame accepted from the server (default 16 MiB).
 	MaxFrame int
 }
 
-// Dial connects to addr and authenticates as device with token.
+// Dial connects to addr and authenticates as device with token. addr is
+// a TCP host:port, or a WebSocket URL (ws://host:port/v1/ws, wss://…).
 func Dial(ctx context.Context, addr, device, token string, opt DialOptions) (*Conn, error) {
 	return dial(ctx, addr, wire.Request{T: wire.TAuth, Device: device, Token: token}, opt)
 }
@@ -66,7 +71,20 @@ func dial(ctx context.Context, addr string, auth wire.Request, opt DialOptions) 
 	if d == nil {
 		d = &net.Dialer{}
 	}
-	nc, err := d.DialContext(ctx, "tcp", addr)
+	var nc net.Conn
+	var err error
+	if IsWebSocketURL(addr) {
+		nc, err = DialWebSocket(ctx, addr, d, opt.TLS)
+	} else {
+		nc, err = d.DialContext(ctx, "tcp", addr)
+		if err == nil && opt.TLS != nil {
+			tc := tls.Client(nc, opt.TLS)
+			if err = tc.HandshakeContext(ctx); err != nil {
+				nc.Close()
+			}
+			nc = tc
+		}
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -257,6 +275,40 @@ func (c *Conn) Read(ctx context.Context, conv string, seq int64) (wire.Message, 
 // Recall recalls the message at seq.
 func (c *Conn) Recall(ctx context.Context, conv string, seq int64) (wire.Message, error) {
 	return c.Do(ctx, wire.Request{T: wire.TRecall, Conv: conv, Seq: seq})
+}
+
+// Edit replaces the body of this user's message at seq (an edit event).
+func (c *Conn) Edit(ctx context.Context, conv string, seq int64, body []byte) (wire.Message, error) {
+	if body == nil {
+		body = []byte{}
+	}
+	return c.Do(ctx, wire.Request{T: wire.TEdit, Conv: conv, Seq: seq, Body: body})
+}
+
+// Clear hides the events of conv up to seq from all this user's devices
+// ("delete for me") and raises the read position to at least seq.
+func (c *Conn) Clear(ctx context.Context, conv string, seq int64) (wire.Message, error) {
+	return c.Do(ctx, wire.Request{T: wire.TClear, Conv: conv, Seq: seq, Has: wire.FSeq})
+}
+
+// Typing tells the other members that this user is typing in conv
+// (fire-and-forget: no reply; an error, NOT_MEMBER, arrives as a frame
+// without rid). The server relays at most one per 2 s per device and
+// conversation, in push-tier conversations only.
+func (c *Conn) Typing(conv string) error {
+	return c.Write(wire.Request{T: wire.TTyping, Conv: conv})
+}
+
+// Receipts returns the read positions of conv's current members (push
+// tier only: FORBIDDEN otherwise).
+func (c *Conn) Receipts(ctx context.Context, conv string) (wire.Message, error) {
+	return c.Do(ctx, wire.Request{T: wire.TReceipts, Conv: conv})
+}
+
+// SetReceiptsPrivate hides (or shows) this user's read positions from
+// other members.
+func (c *Conn) SetReceiptsPrivate(ctx context.Context, private bool) (wire.Message, error) {
+	return c.Do(ctx, wire.Request{T: wire.TSettings, ReceiptsPrivate: private, Has: wire.FReceiptsPrivate})
 }
 
 // CreateGroup creates a group (id "" lets the server choose).

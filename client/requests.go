@@ -91,6 +91,42 @@ func (c *Client) Recall(ctx context.Context, conv string, seq int64) (wire.Messa
 	return r, err
 }
 
+// Edit replaces the body of this user's message at seq. The edit event
+// (reply's Seq) reaches OnEvent; its Target is seq.
+func (c *Client) Edit(ctx context.Context, conv string, seq int64, body []byte) (wire.Message, error) {
+	r, err := c.do(ctx, func(ctx context.Context, conn *Conn) (wire.Message, error) { return conn.Edit(ctx, conv, seq, body) })
+	if err == nil {
+		c.follow(conv, r.Seq)
+	}
+	return r, err
+}
+
+// Clear hides conv's events up to seq from all this user's devices
+// ("delete for me"); the reply carries the merged cleared and read
+// positions and the unread count.
+func (c *Client) Clear(ctx context.Context, conv string, seq int64) (wire.Message, error) {
+	return c.do(ctx, func(ctx context.Context, conn *Conn) (wire.Message, error) { return conn.Clear(ctx, conv, seq) })
+}
+
+// Typing tells conv's other members this user is typing (no reply).
+func (c *Client) Typing(ctx context.Context, conv string) error {
+	_, err := c.do(ctx, func(ctx context.Context, conn *Conn) (wire.Message, error) { return wire.Message{}, conn.Typing(conv) })
+	return err
+}
+
+// Receipts returns the read positions of conv's current members.
+func (c *Client) Receipts(ctx context.Context, conv string) (wire.Message, error) {
+	return c.do(ctx, func(ctx context.Context, conn *Conn) (wire.Message, error) { return conn.Receipts(ctx, conv) })
+}
+
+// SetReceiptsPrivate hides (or shows) this user's read positions from
+// other members.
+func (c *Client) SetReceiptsPrivate(ctx context.Context, private bool) (wire.Message, error) {
+	return c.do(ctx, func(ctx context.Context, conn *Conn) (wire.Message, error) {
+		return conn.SetReceiptsPrivate(ctx, private)
+	})
+}
+
 // Convs lists a page of the user's conversations (limit 0: server default;
 // pass the previous reply's Cursor for the next page).
 func (c *Client) Convs(ctx context.Context, limit int, cursor string) (wire.Message, error) {
@@ -112,4 +148,30 @@ func (c *Client) follow(conv string, head int64) {
 	}
 	c.lookup(conv, 0)
 	c.in.put(hintItem{conv: conv, head: head})
+}
+
+// NotifyRegister registers this device's notification address
+// (docs/protocol.md §8): provider "apns", "fcm" or "webhook" and its
+// token; sandbox sends APNs notifications to Apple's development
+// environment. It replaces the device's previous registration.
+func (c *Client) NotifyRegister(ctx context.Context, provider, token string, sandbox bool) (wire.Message, error) {
+	return c.do(ctx, func(ctx context.Context, conn *Conn) (wire.Message, error) {
+		return conn.Do(ctx, wire.Request{T: wire.TNotifyRegister, Provider: provider, Token: token, Sandbox: sandbox, Has: wire.FToken})
+	})
+}
+
+// NotifyUnregister removes this device's notification address.
+func (c *Client) NotifyUnregister(ctx context.Context) (wire.Message, error) {
+	return c.do(ctx, func(ctx context.Context, conn *Conn) (wire.Message, error) {
+		return conn.Do(ctx, wire.Request{T: wire.TNotifyUnregister})
+	})
+}
+
+// Mute mutes conv for the user (all their devices) until mutedUntil (Unix
+// ms; 0 unmutes): its messages notify the user's devices only when they
+// mention the user.
+func (c *Client) Mute(ctx context.Context, conv string, mutedUntil int64) (wire.Message, error) {
+	return c.do(ctx, func(ctx context.Context, conn *Conn) (wire.Message, error) {
+		return conn.Do(ctx, wire.Request{T: wire.TConvSettings, Conv: conv, MutedUntil: mutedUntil, Has: wire.FMutedUntil})
+	})
 }

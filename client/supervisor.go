@@ -147,7 +147,7 @@ func (c *Client) dial() (*Conn, *session, error) {
 	s := &session{c: c}
 	ctx, cancel := context.WithTimeout(c.ctx, c.opt.RequestTimeout)
 	defer cancel()
-	opt := DialOptions{OnServerFrame: s.onFrame, Dialer: c.opt.Dialer}
+	opt := DialOptions{OnServerFrame: s.onFrame, Dialer: c.opt.Dialer, TLS: c.opt.TLS}
 	if c.opt.JWT != nil {
 		jwt, err := c.opt.JWT(ctx)
 		if err != nil {

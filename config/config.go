@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/netip"
 	"os"
 	"reflect"
@@ -96,6 +97,23 @@ type Config struct {
 	AddrLimitExempt string `yaml:"addr_limit_exempt" default:"127.0.0.0/8,::1/128"`
 	// IdleTimeout closes a connection that sent nothing for this long.
 	IdleTimeout time.Duration `yaml:"idle_timeout" default:"90s"`
+
+	// ProxyProtocol is "off" or "on". On: every gateway connection (TCP
+	// and WebSocket) must come from an address in ProxyTrusted and begin
+	// with a PROXY protocol v1 or v2 header, whose source address is the
+	// client's address; anything else is closed before any frame.
+	ProxyProtocol string `yaml:"proxy_protocol" default:"off"`
+	// ProxyTrusted is a comma-separated list of CIDRs (or single
+	// addresses) of the proxies allowed to connect when ProxyProtocol is on.
+	ProxyTrusted string `yaml:"proxy_trusted" default:"127.0.0.1/32,::1/128"`
+	// WSListen is the gateway's WebSocket address (GET /v1/ws, subprotocol
+	// parley.msgpack), served by the same event loops as Listen. Empty: off.
+	WSListen string `yaml:"ws_listen" default:""`
+	// WSOrigins is a comma-separated list of the Origin values a WebSocket
+	// handshake may carry (scheme://host[:port]); a handshake with another
+	// Origin is refused with 403. Empty: any. A handshake without Origin
+	// (not from a browser) is always accepted.
+	WSOrigins string `yaml:"ws_origins" default:""`
 	// RequestTimeout bounds the work of one request against the stores.
 	RequestTimeout time.Duration `yaml:"request_timeout" default:"10s"`
 
@@ -117,6 +135,9 @@ type Config struct {
 	// RecallWindow is how long after sending a message its sender may
 	// recall it.
 	RecallWindow time.Duration `yaml:"recall_window" default:"120s"`
+	// EditWindow is how long after sending a message its sender may edit
+	// it.
+	EditWindow time.Duration `yaml:"edit_window" default:"48h"`
 
 	// HoleTimeout: a seq that was allocated but is still not committed this
 	// long after a later seq committed is declared a hole (a tombstone row
@@ -192,6 +213,53 @@ type Config struct {
 	// names ones that do not exist (install_epoch 0); false: such a token
 	// is refused with AUTH_FAILED.
 	JWTAutoProvision bool `yaml:"jwt_auto_provision" default:"true"`
+
+	// NotifyDelay: a registered device that has not acked a message this
+	// long after its commit is notified (docs/notifications.md).
+	NotifyDelay time.Duration `yaml:"notify_delay" default:"3s"`
+	// NotifyPreview puts the first 100 characters of a message's body in
+	// its notification (privacy: off by default).
+	NotifyPreview bool `yaml:"notify_preview" default:"false"`
+	// NotifyBadgeMax caps the badge (the user's total unread).
+	NotifyBadgeMax int `yaml:"notify_badge_max" default:"999"`
+	// NotifyTTL: a notification that a provider keeps refusing with 429 or
+	// 5xx is retried this long after its message's commit, then dropped.
+	NotifyTTL time.Duration `yaml:"notify_ttl" default:"1h"`
+	// NotifyShards is how many Redis hash tags the notification queue is
+	// spread over (on a Redis Cluster, over that many slots).
+	NotifyShards int `yaml:"notify_shards" default:"8"`
+	// NotifyConcurrency is how many requests each provider may have in
+	// flight from this process.
+	NotifyConcurrency int `yaml:"notify_concurrency" default:"64"`
+	// NotifyTimeout bounds one request to a provider.
+	NotifyTimeout time.Duration `yaml:"notify_timeout" default:"10s"`
+	// NotifyLease: a notification job that a worker took and did not
+	// finish this long after (the worker or its process died) is taken by
+	// another; it must exceed notify_timeout.
+	NotifyLease time.Duration `yaml:"notify_lease" default:"30s"`
+	// NotifyWebhookURL enables the webhook provider: notifications are
+	// POSTed there, signed with NotifyWebhookSecret.
+	NotifyWebhookURL string `yaml:"notify_webhook_url" default:""`
+	// NotifyWebhookSecret is the webhook signature's HMAC key.
+	NotifyWebhookSecret string `yaml:"notify_webhook_secret" default:""`
+	// APNsEndpoint is Apple's push service (production).
+	APNsEndpoint string `yaml:"apns_endpoint" default:"https://api.push.apple.com"`
+	// APNsSandboxEndpoint serves registrations with sandbox: true.
+	APNsSandboxEndpoint string `yaml:"apns_sandbox_endpoint" default:"https://api.sandbox.push.apple.com"`
+	// APNsKeyFile is the .p8 token-signing key; set it (with the key id,
+	// team id and topic) to enable APNs.
+	APNsKeyFile string `yaml:"apns_key_file" default:""`
+	// APNsKeyID is the signing key's id.
+	APNsKeyID string `yaml:"apns_key_id" default:""`
+	// APNsTeamID is the Apple developer team id.
+	APNsTeamID string `yaml:"apns_team_id" default:""`
+	// APNsTopic is the app's bundle id.
+	APNsTopic string `yaml:"apns_topic" default:""`
+	// FCMEndpoint is Firebase Cloud Messaging's HTTP v1 API.
+	FCMEndpoint string `yaml:"fcm_endpoint" default:"https://fcm.googleapis.com"`
+	// FCMCredentialsFile is a service account's JSON key; set it to
+	// enable FCM.
+	FCMCredentialsFile string `yaml:"fcm_credentials_file" default:""`
 
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `yaml:"log_level" default:"info"`
@@ -285,7 +353,69 @@ func (c Config) Validate() error {
 	if c.SnapshotTail < 1 || c.SnapshotFullMax < c.SnapshotTail {
 		errs = append(errs, errors.New("need 1 <= snapshot_tail <= snapshot_full_max"))
 	}
+	if c.ProxyProtocol != "off" && c.ProxyProtocol != "on" {
+		errs = append(errs, errors.New("proxy_protocol must be off or on"))
+	}
+	if _, err := c.ProxyTrustedPrefixes(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.WSListen != "" {
+		if _, port, err := net.SplitHostPort(c.WSListen); err != nil || port == "0" || port == "" {
+			errs = append(errs, errors.New("ws_listen must be host:port with a port other than 0"))
+		} else if c.WSListen == c.Listen {
+			errs = append(errs, errors.New("ws_listen must differ from listen"))
+		}
+	}
+	if c.NotifyDelay < 0 || c.NotifyTTL <= 0 || c.NotifyBadgeMax < 0 || c.NotifyShards < 1 || c.NotifyConcurrency < 1 {
+		errs = append(errs, errors.New("need notify_delay >= 0, notify_ttl > 0, notify_badge_max >= 0, notify_shards >= 1, notify_concurrency >= 1"))
+	}
+	if c.NotifyDelay <= c.AckCoalesce+c.AckLinger {
+		errs = append(errs, errors.New("notify_delay must exceed ack_coalesce + ack_linger: an ack held that long is not seen in time, and its device would be notified"))
+	}
+	if c.NotifyTimeout <= 0 || c.NotifyLease <= c.NotifyTimeout {
+		errs = append(errs, errors.New("need 0 < notify_timeout < notify_lease"))
+	}
 	return errors.Join(errs...)
+}
+
+// ProxyTrustedPrefixes parses ProxyTrusted: CIDRs, or single addresses
+// (a /32 or /128).
+func (c Config) ProxyTrustedPrefixes() ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, f := range strings.Split(c.ProxyTrusted, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		if !strings.Contains(f, "/") {
+			a, err := netip.ParseAddr(f)
+			if err != nil {
+				return nil, fmt.Errorf("proxy_trusted: %w", err)
+			}
+			out = append(out, netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen()))
+			continue
+		}
+		p, err := netip.ParsePrefix(f)
+		if err != nil {
+			return nil, fmt.Errorf("proxy_trusted: %w", err)
+		}
+		if p.Addr().Is4In6() {
+			p = netip.PrefixFrom(p.Addr().Unmap(), max(0, p.Bits()-96))
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
+}
+
+// WSOriginList returns WSOrigins split at commas (nil: any origin).
+func (c Config) WSOriginList() []string {
+	var out []string
+	for _, f := range strings.Split(c.WSOrigins, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
 }
 
 // ExemptPrefixes parses AddrLimitExempt.

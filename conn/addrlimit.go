@@ -1,7 +1,6 @@
 package conn
 
 import (
-	"net"
 	"net/netip"
 	"sync"
 	"time"
@@ -112,20 +111,4 @@ func (l *addrLimits) prune(now time.Time) {
 			delete(l.seen, a)
 		}
 	}
-}
-
-// addrOf returns the IP address of a connection's peer (invalid for a
-// peer without one).
-func addrOf(na net.Addr) netip.Addr {
-	if ta, ok := na.(*net.TCPAddr); ok {
-		return ta.AddrPort().Addr().Unmap()
-	}
-	if na == nil {
-		return netip.Addr{}
-	}
-	ap, err := netip.ParseAddrPort(na.String())
-	if err != nil {
-		return netip.Addr{}
-	}
-	return ap.Addr().Unmap()
 }

@@ -16,7 +16,7 @@ import (
 )
 
 // dialFrom dials env from a local address (127.0.0.x).
-func dialFrom(t *testing.T, env *parleytest.Env, local string) *rawConn {
+func dialRawFrom(t *testing.T, env *parleytest.Env, local string) *rawConn {
 	t.Helper()
 	d := net.Dialer{Timeout: 5 * time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP(local)}}
 	nc, err := d.Dial("tcp", env.Addr)
@@ -41,23 +41,23 @@ func TestAddrMaxConns(t *testing.T) {
 	})
 	var held []*rawConn
 	for range 3 {
-		r := dialFrom(t, env, "127.0.0.7")
+		r := dialRawFrom(t, env, "127.0.0.7")
 		r.auth(newUser(t, env, "am"))
 		held = append(held, r)
 	}
 	// The fourth connection from that address is refused before any auth.
-	r := dialFrom(t, env, "127.0.0.7")
+	r := dialRawFrom(t, env, "127.0.0.7")
 	if m := r.expectError(wire.RateLimited, ""); m.RetryAfterMs <= 0 {
 		t.Fatalf("no retry_after_ms: %+v", m)
 	}
 	r.expectClosed(3 * time.Second)
 	// Another address is not affected.
-	dialFrom(t, env, "127.0.0.8").auth(newUser(t, env, "am"))
+	dialRawFrom(t, env, "127.0.0.8").auth(newUser(t, env, "am"))
 	// A connection that closes gives its place back.
 	held[0].nc.Close()
 	deadline := time.Now().Add(3 * time.Second)
 	for {
-		r := dialFrom(t, env, "127.0.0.7")
+		r := dialRawFrom(t, env, "127.0.0.7")
 		r.send(wire.Request{T: wire.TAuth, Rid: "auth", Device: "x", Token: "y"})
 		m, _ := r.next(3 * time.Second)
 		if m.Code == wire.AuthFailed {
@@ -86,7 +86,7 @@ func TestAddrAuthRate(t *testing.T) {
 	// retry time, each connection closed.
 	refused := 0
 	for i := range 20 {
-		r := dialFrom(t, env, "127.0.0.9")
+		r := dialRawFrom(t, env, "127.0.0.9")
 		r.send(wire.Request{T: wire.TAuth, Rid: "auth", Device: "flood", Token: "x"})
 		m, _ := r.next(3 * time.Second)
 		switch {
@@ -101,7 +101,7 @@ func TestAddrAuthRate(t *testing.T) {
 	// Another address still authenticates: the gateway's auth_rate (5)
 	// was spent only on the three admitted auths.
 	for range 2 {
-		dialFrom(t, env, "127.0.0.10").auth(newUser(t, env, "ar"))
+		dialRawFrom(t, env, "127.0.0.10").auth(newUser(t, env, "ar"))
 	}
 	if refused != 17 {
 		t.Fatalf("refused %d", refused)

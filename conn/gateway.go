@@ -13,10 +13,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
+	"strconv"
 	"sync"
 	"time"
 
+	"github.com/gobwas/ws"
 	"github.com/panjf2000/gnet/v2"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -47,6 +50,16 @@ type Deps struct {
 	Online func(ctx context.Context, user, device string, token int64) error
 	// Notify sends a frame to the user's online devices but one.
 	Notify func(ctx context.Context, user, exceptDevice string, frame []byte) error
+	// Notifications are the offline notifications (nil: none configured;
+	// notify_register is refused).
+	Notifications Notifications
+	// NotifyMany sends a frame to every online device of users, best
+	// effort: it never waits (a frame it cannot queue is dropped). Typing
+	// and receipts go this way. Nil: through Notify, user by user.
+	NotifyMany func(users []string, frame []byte) error
+	// Receipts coalesces receipt pushes over gateways (nil: no receipt
+	// pushes).
+	Receipts *ReceiptGate
 	// JWT verifies the tokens of auth {jwt} and refresh (nil: JWT auth is
 	// off, and both are answered AUTH_FAILED).
 	JWT *jwtauth.Verifier
@@ -65,12 +78,21 @@ type Gateway struct {
 	eng     gnet.Engine // set before booted is closed
 
 	authLimit *authLimiter // static; nil when auth_rate is 0
-	addrs     *addrLimits  // static: addr_max_conns, addr_auth_rate
-	notices   notices      // recent revocations and suspensions (lifecycle.go)
+
+	proxyOn      bool           // proxy_protocol: every connection begins with a PROXY header
+	proxyTrusted []netip.Prefix // proxy_trusted
+	wsAddr       netip.AddrPort // ws_listen (an unspecified address: any)
+	wsOrigins    []string       // ws_origins (nil: any)
+	wsUpgrader   ws.Upgrader
+	addrs        *addrLimits // static: addr_max_conns, addr_auth_rate
+	notices      notices     // recent revocations and suspensions (lifecycle.go)
 	// Reads of many connections answered together (combine.go).
 	snapshots  combiner[store.SnapshotQuery, []store.SnapshotItem]
 	lookups    combiner[string, deviceLookup]         // auth: device id -> row
 	provisions combiner[store.NewLogin, deviceLookup] // JWT auth: create the user and device if new
+
+	members         memberLists     // current members, for typing and receipts
+	pendingReceipts pendingReceipts // receipts waiting for their window
 
 	coalesce coalescer // sessions with coalesced pushes to flush
 	held     heldAcks  // sessions holding rid-less acks (ack_coalesce)
@@ -97,7 +119,21 @@ func New(cfg config.Config, deps Deps, log *slog.Logger, reg prometheus.Register
 		booted:    make(chan struct{}), stopping: make(chan struct{}),
 		sessions: map[*Session]struct{}{}, devices: map[string]*Session{},
 	}
+	g.members.st = deps.Store
 	g.initCombiners()
+	g.proxyOn = cfg.ProxyProtocol == "on"
+	g.proxyTrusted, _ = cfg.ProxyTrustedPrefixes() // checked by cfg.Validate
+	g.wsOrigins = cfg.WSOriginList()
+	g.wsUpgrader = g.newWSUpgrader()
+	if cfg.WSListen != "" {
+		if ap, err := netip.ParseAddrPort(cfg.WSListen); err == nil {
+			g.wsAddr = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+		} else if _, port, err := net.SplitHostPort(cfg.WSListen); err == nil {
+			// A host name: match the port alone.
+			p, _ := strconv.ParseUint(port, 10, 16)
+			g.wsAddr = netip.AddrPortFrom(netip.IPv4Unspecified(), uint16(p))
+		}
+	}
 	if cfg.PushCoalesce > 0 {
 		g.goroutine(func() { g.every(cfg.PushCoalesce, g.coalesce.flush) })
 	}
@@ -107,9 +143,14 @@ func New(cfg config.Config, deps Deps, log *slog.Logger, reg prometheus.Register
 	return g
 }
 
-// Run listens on cfg.Listen and serves until Shutdown. It blocks.
+// Run listens on cfg.Listen (and cfg.WSListen, if set) and serves until
+// Shutdown. It blocks.
 func (g *Gateway) Run() error {
-	return gnet.Run(g, "tcp://"+g.cfg.Listen,
+	addrs := []string{"tcp://" + g.cfg.Listen}
+	if g.cfg.WSListen != "" {
+		addrs = append(addrs, "tcp://"+g.cfg.WSListen)
+	}
+	return gnet.Rotate(g, addrs,
 		gnet.WithMulticore(g.cfg.Multicore),
 		gnet.WithTicker(true),
 		gnet.WithReusePort(false),
@@ -177,21 +218,57 @@ func (g *Gateway) goroutine(f func()) {
 	}()
 }
 
-// OnOpen registers the session.
+// isWS reports whether c came in on the WebSocket listener.
+func (g *Gateway) isWS(c gnet.Conn) bool {
+	if !g.wsAddr.IsValid() {
+		return false
+	}
+	local, ok := c.LocalAddr().(*net.TCPAddr)
+	if !ok || local.Port != int(g.wsAddr.Port()) {
+		return false
+	}
+	if g.wsAddr.Addr().IsUnspecified() {
+		return true
+	}
+	return addrOf(local) == g.wsAddr.Addr()
+}
+
+// trusted reports whether a is a proxy in proxy_trusted.
+func (g *Gateway) trusted(a netip.Addr) bool {
+	for _, p := range g.proxyTrusted {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// OnOpen registers the session. With proxy_protocol on, a connection from
+// an address outside proxy_trusted is closed at once.
 func (g *Gateway) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 	select {
 	case <-g.stopping:
 		return nil, gnet.Close
 	default:
 	}
-	s := newSession(g, c)
-	s.addr = addrOf(c.RemoteAddr()) // the client's address (a PROXY protocol header may name another)
+	peer := addrOf(c.RemoteAddr())
+	if g.proxyOn && !g.trusted(peer) {
+		g.metrics.proxy.WithLabelValues("untrusted").Inc()
+		g.log.Debug("connection from an untrusted proxy refused", "addr", peer)
+		return nil, gnet.Close
+	}
+	s := newSession(g, c, peer, g.isWS(c)) // addr: the peer's, until a PROXY header names the client's
 	c.SetContext(s)
 	g.mu.Lock()
 	g.sessions[s] = struct{}{}
 	g.mu.Unlock()
 	g.metrics.connections.Inc()
-	g.countAddr(s)
+	if !g.proxyOn {
+		// The peer is the client: count it now. Behind a proxy the
+		// client's address is known only once the header is read, and the
+		// connection is counted under it at its first frame (request).
+		g.countAddr(s)
+	}
 	return nil, gnet.None
 }
 
@@ -222,6 +299,16 @@ func (g *Gateway) OnClose(c gnet.Conn, _ error) gnet.Action {
 		return gnet.None
 	}
 	s.closed.Store(true)
+	if s.needsProxy && !s.closing.Load() {
+		// Closed (by the peer, or by auth_timeout) before a complete header.
+		reason := "missing"
+		if s.inbound > 0 {
+			reason = "truncated"
+		}
+		g.metrics.proxy.WithLabelValues(reason).Inc()
+	} else if s.ws != nil && !s.ws.upgraded && s.inbound > 0 && !s.closing.Load() {
+		g.metrics.wsHandshakes.WithLabelValues("truncated").Inc()
+	}
 	s.stopExpiry()
 	g.addrs.close(s.counted)
 	s.counted = netip.Addr{}
@@ -248,7 +335,9 @@ func (g *Gateway) OnClose(c gnet.Conn, _ error) gnet.Action {
 	return gnet.None
 }
 
-// OnTraffic frames and decodes every complete frame in the buffer.
+// OnTraffic reads the PROXY header (proxy_protocol) and the WebSocket
+// handshake (ws_listen) if they are due, then frames and decodes every
+// complete frame in the buffer.
 func (g *Gateway) OnTraffic(c gnet.Conn) gnet.Action {
 	s := c.Context().(*Session)
 	// Only new bytes are activity: probe's Wake calls OnTraffic too, and
@@ -258,11 +347,23 @@ func (g *Gateway) OnTraffic(c gnet.Conn) gnet.Action {
 		s.lastSeen.Store(now.UnixNano())
 	}
 	defer func() { s.inbound = c.InboundBuffered() }()
+	if s.closing.Load() {
+		// Refused or kicked: nothing more is read from this connection
+		// (an auth sent after the refusal must not authenticate it).
+		_, _ = c.Discard(c.InboundBuffered())
+		return gnet.None
+	}
+	if s.needsProxy {
+		if done, act := g.readProxyHeader(s, c); !done {
+			return act
+		}
+	}
+	if s.ws != nil {
+		return g.wsTraffic(s, c, now)
+	}
 	for {
 		n := c.InboundBuffered()
 		if s.closing.Load() {
-			// Refused or kicked: nothing more is read from this connection
-			// (an auth sent after the refusal must not authenticate it).
 			_, _ = c.Discard(n)
 			return gnet.None
 		}
@@ -285,63 +386,198 @@ func (g *Gateway) OnTraffic(c gnet.Conn) gnet.Action {
 		if body == nil {
 			return gnet.None
 		}
-		req, derr := wire.DecodeRequest(body) // copies what it keeps
+		stop := g.request(s, body, now) // decodes and copies what it keeps
 		_, _ = c.Discard(consumed)
-		if derr != nil {
-			we, _ := wire.AsError(derr)
-			g.metrics.framesIn.WithLabelValues("invalid").Inc()
-			if !s.gotFirst && req.T != wire.TAuth {
-				// Before auth, any frame but an auth closes the
-				// connection, one that does not even decode too.
-				s.fail(req.Rid, wire.Errorf(wire.Unauthenticated, "the first frame must be auth"))
-				return gnet.None
-			}
-			s.reply(wire.ErrorReply(req.Rid, we))
-			continue
+		if stop {
+			return gnet.None
 		}
-		g.metrics.framesIn.WithLabelValues(req.T).Inc()
-		if req.T == wire.TPing && s.authed.Load() {
-			s.reply(wire.Pong{T: wire.TPong, Rid: req.Rid, Ts: time.Now().UnixMilli()})
-			continue
-		}
-		// Below: frames before auth succeeded. Nothing but auth may come
-		// first; what is pipelined behind an auth is queued behind it and
-		// runs only if it succeeds (a ping too: its pong then follows
-		// auth_ok).
-		if !s.gotFirst {
-			s.gotFirst = true
-			if req.T != wire.TAuth {
-				s.fail(req.Rid, wire.Errorf(wire.Unauthenticated, "the first frame must be auth"))
-				return gnet.None
-			}
-			// The client's address is final now (after any PROXY protocol
-			// header): count the connection under it.
-			if !g.countAddr(s) {
-				return gnet.None
-			}
-			// The address's auth rate, then the gateway's, checked here on
-			// the loop: a refused auth costs no goroutine and no database
-			// lookup, and one address cannot use up the gateway's rate.
-			if wait, ok := g.addrs.admitAuth(s.addr, now); !ok {
-				g.metrics.refusals.WithLabelValues("addr_auth_rate").Inc()
-				g.metrics.errors.WithLabelValues(string(wire.RateLimited)).Inc()
-				s.fail(req.Rid, &wire.Error{Code: wire.RateLimited, RetryAfterMs: wait.Milliseconds(),
-					Msg: "too many auths from this address; reconnect after retry_after_ms"})
-				return gnet.None
-			}
-			if wait, ok := g.authLimit.admit(time.Now()); !ok {
-				g.metrics.refusals.WithLabelValues("auth_rate").Inc()
-				g.metrics.errors.WithLabelValues(string(wire.RateLimited)).Inc()
-				s.fail(req.Rid, &wire.Error{Code: wire.RateLimited, RetryAfterMs: wait.Milliseconds(),
-					Msg: "too many devices are authenticating at this gateway; reconnect after retry_after_ms"})
-				return gnet.None
-			}
-		} else if req.T == wire.TAuth {
-			s.reply(wire.ErrorReply(req.Rid, wire.Errorf(wire.BadRequest, "already authenticated")))
-			continue
-		}
-		s.enqueue(req, now)
 	}
+}
+
+// readProxyHeader reads the PROXY header at the start of the inbound
+// bytes, once complete, and takes the client's address from it. done is
+// false while it is incomplete or after it was refused (act then says what
+// to do with the connection).
+func (g *Gateway) readProxyHeader(s *Session, c gnet.Conn) (done bool, act gnet.Action) {
+	buf, _ := c.Peek(c.InboundBuffered())
+	n, err := proxyHeaderLen(buf)
+	if err == nil && n == 0 {
+		return false, gnet.None
+	}
+	var addr netip.Addr
+	if err == nil {
+		addr, err = parseProxyHeader(buf[:n], s.addr)
+	}
+	if err != nil {
+		reason := "malformed"
+		if errors.Is(err, errProxyMissing) {
+			reason = "missing"
+		}
+		g.metrics.proxy.WithLabelValues(reason).Inc()
+		g.log.Debug("PROXY header refused", "proxy", s.addr, "err", err)
+		s.closing.Store(true)
+		_, _ = c.Discard(len(buf))
+		return false, gnet.Close
+	}
+	_, _ = c.Discard(n)
+	g.metrics.proxy.WithLabelValues("ok").Inc()
+	s.addr = addr
+	s.needsProxy = false
+	if s.ws == nil {
+		s.framing.Store(true)
+	}
+	return true, gnet.None
+}
+
+// wsTraffic reads a WebSocket connection: the upgrade request first, then
+// frames. Control frames are answered here on the loop; each complete
+// binary message is one request.
+func (g *Gateway) wsTraffic(s *Session, c gnet.Conn, now time.Time) gnet.Action {
+	if !s.ws.upgraded {
+		buf, _ := c.Peek(c.InboundBuffered())
+		n := wsHandshakeLen(buf)
+		if n == 0 {
+			return gnet.None
+		}
+		if n < 0 {
+			g.metrics.wsHandshakes.WithLabelValues("too_large").Inc()
+			s.closing.Store(true)
+			_, _ = c.Write([]byte("HTTP/1.1 431 Request Header Fields Too Large\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"))
+			return gnet.Close
+		}
+		reason, ok := g.wsUpgrade(buf[:n], func(resp []byte) { _, _ = c.Write(resp) })
+		_, _ = c.Discard(n)
+		if !ok {
+			g.metrics.wsHandshakes.WithLabelValues(reason).Inc()
+			g.log.Debug("WebSocket handshake refused", "addr", s.addr, "reason", reason)
+			s.closing.Store(true)
+			return gnet.Close
+		}
+		g.metrics.wsHandshakes.WithLabelValues("ok").Inc()
+		s.ws.upgraded = true
+		s.framing.Store(true)
+	}
+	for {
+		n := c.InboundBuffered()
+		if s.closing.Load() {
+			_, _ = c.Discard(n)
+			return gnet.None
+		}
+		if n < 2 {
+			return gnet.None
+		}
+		buf, err := c.Peek(n)
+		if err != nil {
+			return gnet.None
+		}
+		ev, consumed, werr := s.ws.reader.next(buf, g.cfg.MaxFrame)
+		if werr != nil {
+			g.metrics.wsErrors.WithLabelValues(werr.reason).Inc()
+			g.metrics.framesIn.WithLabelValues("invalid").Inc()
+			_, _ = c.Discard(n)
+			if werr.code == ws.StatusMessageTooBig {
+				// As on TCP: an oversized message gets TOO_LARGE, then
+				// the close.
+				s.fail("", wire.Errorf(wire.TooLarge, "%s", werr.msg))
+				return gnet.None
+			}
+			s.wsFail(werr.code)
+			return gnet.None
+		}
+		if consumed == 0 {
+			return gnet.None
+		}
+		stop := false
+		switch ev.kind {
+		case wsBinary:
+			stop = g.request(s, ev.payload, now)
+		case wsText:
+			g.metrics.wsErrors.WithLabelValues("text").Inc()
+			g.metrics.framesIn.WithLabelValues("invalid").Inc()
+			if !s.gotFirst {
+				s.fail("", wire.Errorf(wire.Unauthenticated, "the first frame must be auth"))
+				stop = true
+			} else {
+				g.metrics.errors.WithLabelValues(string(wire.BadFrame)).Inc()
+				s.reply(wire.ErrorReply("", wire.Errorf(wire.BadFrame, "text message: frames travel in binary messages")))
+			}
+		case wsPing:
+			_, _ = c.Write(appendWSControl(nil, ws.OpPong, ev.payload))
+		case wsClose:
+			code := ev.code
+			if code == ws.StatusNoStatusRcvd { // no code: answer with a normal closure
+				code = ws.StatusNormalClosure
+			}
+			s.wsFail(code)
+			stop = true
+		}
+		_, _ = c.Discard(consumed)
+		if stop {
+			return gnet.None
+		}
+	}
+}
+
+// request decodes one frame body and handles it: on the loop (ping, and
+// the refusals before auth) or by queueing it for the session's request
+// goroutine. stop: the connection is closing, read no further.
+func (g *Gateway) request(s *Session, body []byte, now time.Time) (stop bool) {
+	req, derr := wire.DecodeRequest(body) // copies what it keeps
+	if derr != nil {
+		we, _ := wire.AsError(derr)
+		g.metrics.framesIn.WithLabelValues("invalid").Inc()
+		if !s.gotFirst && req.T != wire.TAuth {
+			// Before auth, any frame but an auth closes the
+			// connection, one that does not even decode too.
+			s.fail(req.Rid, wire.Errorf(wire.Unauthenticated, "the first frame must be auth"))
+			return true
+		}
+		s.reply(wire.ErrorReply(req.Rid, we))
+		return false
+	}
+	g.metrics.framesIn.WithLabelValues(req.T).Inc()
+	if req.T == wire.TPing && s.authed.Load() {
+		s.reply(wire.Pong{T: wire.TPong, Rid: req.Rid, Ts: time.Now().UnixMilli()})
+		return false
+	}
+	// Below: frames before auth succeeded. Nothing but auth may come
+	// first; what is pipelined behind an auth is queued behind it and
+	// runs only if it succeeds (a ping too: its pong then follows
+	// auth_ok).
+	if !s.gotFirst {
+		s.gotFirst = true
+		if req.T != wire.TAuth {
+			s.fail(req.Rid, wire.Errorf(wire.Unauthenticated, "the first frame must be auth"))
+			return true
+		}
+		// The client's address is final now (after any PROXY protocol
+		// header): count the connection under it.
+		if !g.countAddr(s) {
+			return true
+		}
+		// The address's auth rate, then the gateway's, checked here on
+		// the loop: a refused auth costs no goroutine and no database
+		// lookup, and one address cannot use up the gateway's rate.
+		if wait, ok := g.addrs.admitAuth(s.addr, now); !ok {
+			g.metrics.refusals.WithLabelValues("addr_auth_rate").Inc()
+			g.metrics.errors.WithLabelValues(string(wire.RateLimited)).Inc()
+			s.fail(req.Rid, &wire.Error{Code: wire.RateLimited, RetryAfterMs: wait.Milliseconds(),
+				Msg: "too many auths from this address; reconnect after retry_after_ms"})
+			return true
+		}
+		if wait, ok := g.authLimit.admit(time.Now()); !ok {
+			g.metrics.refusals.WithLabelValues("auth_rate").Inc()
+			g.metrics.errors.WithLabelValues(string(wire.RateLimited)).Inc()
+			s.fail(req.Rid, &wire.Error{Code: wire.RateLimited, RetryAfterMs: wait.Milliseconds(),
+				Msg: "too many devices are authenticating at this gateway; reconnect after retry_after_ms"})
+			return true
+		}
+	} else if req.T == wire.TAuth {
+		s.reply(wire.ErrorReply(req.Rid, wire.Errorf(wire.BadRequest, "already authenticated")))
+		return false
+	}
+	s.enqueue(req, now)
+	return false
 }
 
 // OnTick enforces auth_timeout and idle_timeout, probes slow devices that
@@ -365,6 +601,12 @@ func (g *Gateway) OnTick() (time.Duration, gnet.Action) {
 	g.addrs.prune(now)
 	g.notices.prune(now)
 	for _, s := range expired {
+		if !s.framing.Load() {
+			// Still no complete PROXY header or WebSocket handshake:
+			// nothing to say in frames (OnClose counts it).
+			s.close()
+			continue
+		}
 		if !s.authed.Load() {
 			s.fail("", wire.Errorf(wire.Unauthenticated, "no auth within %s", g.cfg.AuthTimeout))
 		} else {

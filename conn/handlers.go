@@ -69,9 +69,27 @@ func (g *Gateway) handle(s *Session, req *wire.Request, start time.Time) {
 	case wire.TSnapshot:
 		s.settleAcks(ctx)
 		g.snapshot(ctx, s, req)
+	case wire.TNotifyRegister:
+		g.notifyRegister(ctx, s, req)
+	case wire.TNotifyUnregister:
+		err := g.deps.Store.UnregisterNotify(ctx, s.device)
+		g.answer(s, req, err, wire.NotifyUnregisterOK{T: wire.TNotifyUnregisterOK, Rid: req.Rid})
+	case wire.TConvSettings:
+		err := g.deps.Store.SetMute(ctx, s.user, req.Conv, req.MutedUntil)
+		g.answer(s, req, err, wire.ConvSettingsOK{T: wire.TConvSettingsOK, Rid: req.Rid, Conv: req.Conv, MutedUntil: req.MutedUntil})
 	case wire.TRecall:
 		res, err := g.deps.Log.Recall(ctx, req.Conv, s.user, s.device, req.Seq, g.cfg.RecallWindow)
 		g.answer(s, req, err, wire.RecallOK{T: wire.TRecallOK, Rid: req.Rid, Conv: req.Conv, Seq: res.Seq, Target: req.Seq})
+	case wire.TEdit:
+		g.edit(ctx, s, req)
+	case wire.TClear:
+		g.clear(ctx, s, req)
+	case wire.TTyping:
+		g.typing(ctx, s, req, start)
+	case wire.TReceipts:
+		g.receipts(ctx, s, req)
+	case wire.TSettings:
+		g.settings(ctx, s, req)
 	default: // the decoder admits only the types above
 		g.answer(s, req, wire.Errorf(wire.Internal, "unexpected request type %s", req.T), nil)
 	}
@@ -115,14 +133,16 @@ func (g *Gateway) wireError(s *Session, req *wire.Request, err error) *wire.Erro
 	case errors.Is(err, store.ErrNoMessage):
 		return wire.Errorf(wire.NotFound, "no such message")
 	case errors.Is(err, store.ErrNotSender):
-		return wire.Errorf(wire.NotSender, "only the sender may recall a message")
+		return wire.Errorf(wire.NotSender, "only the sender may %s a message", req.T)
 	case errors.Is(err, store.ErrRecallWindow):
 		return wire.Errorf(wire.RecallWindow, "the recall window (%s) has passed", g.cfg.RecallWindow)
+	case errors.Is(err, store.ErrEditWindow):
+		return wire.Errorf(wire.EditWindow, "the edit window (%s) has passed", g.cfg.EditWindow)
 	case backend.IsUnavailable(err):
-		g.log.Warn("request failed: backend unavailable", "type", req.T, "rid", req.Rid, "conv", req.Conv, "device", s.device, "err", err)
+		g.log.Warn("request failed: backend unavailable", "type", req.T, "rid", req.Rid, "conv", req.Conv, "device", s.device, "addr", s.addr, "err", err)
 		return wire.Errorf(wire.Unavailable, "a backend is unavailable; retry later")
 	}
-	g.log.Error("request failed: internal error", "type", req.T, "rid", req.Rid, "conv", req.Conv, "device", s.device, "err", err)
+	g.log.Error("request failed: internal error", "type", req.T, "rid", req.Rid, "conv", req.Conv, "device", s.device, "addr", s.addr, "err", err)
 	return wire.Errorf(wire.Internal, "internal error")
 }
 
@@ -145,6 +165,7 @@ func (g *Gateway) auth(ctx context.Context, s *Session, req *wire.Request) {
 	}
 	g.metrics.auths.WithLabelValues(method, result).Inc()
 	if we != nil {
+		g.log.Debug("auth failed", "device", req.Device, "method", method, "result", result, "addr", s.addr)
 		g.metrics.errors.WithLabelValues(string(we.Code)).Inc()
 		s.fail(req.Rid, we)
 		return
@@ -191,6 +212,7 @@ func (g *Gateway) auth(ctx context.Context, s *Session, req *wire.Request) {
 		_ = g.deps.Routes.RemoveOnline(ctx, s.device, s.token)
 		return
 	}
+	g.log.Debug("authenticated", "device", dev.ID, "user", dev.User, "method", method, "addr", s.addr, "websocket", s.ws != nil)
 	ok := wire.AuthOK{T: wire.TAuthOK, Rid: req.Rid, User: dev.User, Device: dev.ID,
 		InstallEpoch: dev.InstallEpoch, Ts: time.Now().UnixMilli()}
 	if s.jwt {
@@ -280,7 +302,7 @@ func (g *Gateway) send(s *Session, req *wire.Request, start time.Time) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.RequestTimeout)
-	m := eventlog.Message{Conv: req.Conv, Sender: s.user, Device: s.device, Cmid: req.Cmid, Body: req.Body}
+	m := eventlog.Message{Conv: req.Conv, Sender: s.user, Device: s.device, Cmid: req.Cmid, Body: req.Body, Mentions: req.Mentions}
 	rid, cmid, conv := req.Rid, req.Cmid, req.Conv
 	g.deps.Log.Send(ctx, m, func(r eventlog.SendResult) {
 		cancel()
@@ -316,7 +338,7 @@ func (g *Gateway) sync(ctx context.Context, s *Session, req *wire.Request) {
 // WireEvent is e as clients see it.
 func WireEvent(e store.Event) wire.Event {
 	return wire.Event{Seq: e.Seq, Kind: e.Kind.String(), Sender: e.Sender, Body: e.Body, Ts: e.Ts, Cmid: e.Cmid,
-		Recalled: e.Recalled, Target: e.Target, Users: e.Users}
+		Recalled: e.Recalled, Target: e.Target, Users: e.Users, Mentions: e.Mentions, Edited: e.Edited}
 }
 
 func (g *Gateway) ack(s *Session, req *wire.Request, start time.Time) {
@@ -355,20 +377,29 @@ func (g *Gateway) read(s *Session, req *wire.Request, start time.Time) {
 		if r.Err != nil || !r.Advanced {
 			return
 		}
-		// Tell the user's other devices; best effort (every convs and
-		// read reply carries the durable value anyway), off the commit
-		// worker.
-		g.goroutine(func() {
-			nctx, ncancel := context.WithTimeout(context.Background(), g.cfg.RequestTimeout)
-			defer ncancel()
-			frame, err := wire.AppendFrame(nil, wire.ReadChanged{T: wire.TReadChanged, Conv: conv, Read: r.Read, Unread: r.Unread})
-			if err == nil {
-				err = g.deps.Notify(nctx, s.user, s.device, frame)
-			}
-			if err != nil {
-				g.log.Debug("read_changed", "err", err)
-			}
-		})
+		g.readAdvanced(s, conv, r.Read, r.Unread)
+		g.readMoved(s.user, conv, r.Read)
+	})
+}
+
+// readAdvanced tells the user's other devices that the read position of
+// conv moved, and the notifier that the user's badge changed; best effort
+// (every convs and read reply carries the durable value anyway), off the
+// caller's goroutine (a commit worker).
+func (g *Gateway) readAdvanced(s *Session, conv string, read, unread int64) {
+	if g.deps.Notifications != nil {
+		g.deps.Notifications.ReadAdvanced(s.user)
+	}
+	g.goroutine(func() {
+		nctx, ncancel := context.WithTimeout(context.Background(), g.cfg.RequestTimeout)
+		defer ncancel()
+		frame, err := wire.AppendFrame(nil, wire.ReadChanged{T: wire.TReadChanged, Conv: conv, Read: read, Unread: unread})
+		if err == nil {
+			err = g.deps.Notify(nctx, s.user, s.device, frame)
+		}
+		if err != nil {
+			g.log.Debug("read_changed", "err", err)
+		}
 	})
 }
 
@@ -412,7 +443,7 @@ func (g *Gateway) convs(ctx context.Context, s *Session, req *wire.Request) {
 		heads[i] = store.ConvSeq{Conv: it.Conv, Seq: it.Head}
 		out.Items[i] = wire.ConvItem{Conv: it.Conv, Kind: it.Kind, Title: it.Title,
 			Mode: fanout.TierOf(it.Members, g.cfg.WriteFanoutMax, g.cfg.OnlineFanoutMax).String(), Epoch: it.Epoch, Head: it.Head,
-			MinSeq: it.MinSeq, Delivered: it.Delivered, Read: it.Read, Unread: it.Unread, LastTs: it.LastTs}
+			MinSeq: it.MinSeq, Delivered: it.Delivered, Read: it.Read, Cleared: it.Cleared, Unread: it.Unread, LastTs: it.LastTs, MutedUntil: it.MutedUntil}
 	}
 	s.knowAll(heads)
 	if page.More && page.Next != nil {

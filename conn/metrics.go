@@ -21,6 +21,12 @@ type metrics struct {
 	combined    *prometheus.HistogramVec
 	acksHeld    prometheus.Counter // rid-less acks held (ack_coalesce)
 	acksFlushed prometheus.Counter // held acks handed to the commit queue
+	typing      *prometheus.CounterVec
+	receipts    prometheus.Counter
+
+	proxy        *prometheus.CounterVec // PROXY headers by result
+	wsHandshakes *prometheus.CounterVec // WebSocket upgrades by result
+	wsErrors     *prometheus.CounterVec // WebSocket frames refused, by reason
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -51,10 +57,20 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "parley_gateway_acks_held_total", Help: "Acks without rid of seqs the connection was given, held for ack_coalesce instead of committed one by one."}),
 		acksFlushed: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "parley_gateway_acks_held_committed_total", Help: "Held acks handed to the commit queue: one per device and conversation per ack_coalesce, whatever parley_gateway_acks_held_total received."}),
+		proxy: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "parley_gateway_proxy_headers_total", Help: "PROXY protocol headers (proxy_protocol on), by result: ok; untrusted (the peer is not in proxy_trusted); missing (no header: other bytes, or none before the peer closed or auth_timeout passed); truncated (closed inside a header); malformed. All but ok close the connection."}, []string{"result"}),
+		wsHandshakes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "parley_gateway_ws_handshakes_total", Help: "WebSocket upgrade requests, by result: ok; bad_request (not a valid upgrade: method, version, key); path (not /v1/ws); origin (not in ws_origins); too_large (over 8 KiB); truncated (closed inside the request)."}, []string{"result"}),
+		wsErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "parley_gateway_ws_errors_total", Help: "WebSocket frames refused, by reason: text (a text message: BAD_FRAME); unmasked (close 1002); protocol (reserved bits or opcodes, bad fragmentation or control frames: close 1002); too_large (a message over max_frame: TOO_LARGE, close 1009); fragments (a message in over 1024 frames: TOO_LARGE, close 1009)."}, []string{"reason"}),
 	}
+	m.typing = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "parley_gateway_typing_total", Help: "Typing frames received from members, by outcome (relayed; dropped_rate: over one per device and conversation per 2 s; dropped_busy: the frame queue was full; skipped_tier: not a push-tier conversation)."}, []string{"outcome"})
+	m.receipts = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "parley_gateway_receipts_sent_total", Help: "Receipt pushes sent (each to every other current member's online devices), after coalescing."})
 	m.pushesOut = m.framesOut.WithLabelValues(wire.TPush)
 	if reg != nil {
-		reg.MustRegister(m.connections, m.framesIn, m.framesOut, m.errors, m.drops, m.refusals, m.auths, m.kicks, m.latency, m.combined, m.acksHeld, m.acksFlushed)
+		reg.MustRegister(m.connections, m.framesIn, m.framesOut, m.errors, m.drops, m.refusals, m.auths, m.kicks, m.latency, m.combined, m.acksHeld, m.acksFlushed, m.typing, m.receipts, m.proxy, m.wsHandshakes, m.wsErrors)
 	}
 	return m
 }

@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gobwas/ws"
 	"github.com/panjf2000/gnet/v2"
 
 	"github.com/parley-im/parley/cursor"
@@ -24,16 +25,22 @@ type Session struct {
 	c      gnet.Conn
 	id     uint64 // keeps this connection's acks and reads in order in their commit queues
 	opened time.Time
+	ws     *wsConn // the WebSocket state; nil on the TCP listener
 
-	// The client's address: the peer's, set in OnOpen (or the one a PROXY
-	// protocol header names). Written by the event loop before the first
-	// frame is queued; read-only after.
+	// addr is the client's address: the peer's, or the one a trusted
+	// proxy's PROXY header names. Written by the event loop before the
+	// first frame is read (OnOpen, then the header); read-only after.
 	addr netip.Addr
 
 	// Owned by the event loop.
-	gotFirst bool       // the first frame (which must be auth) arrived
-	inbound  int        // bytes left unread in gnet's inbound buffer after OnTraffic
-	counted  netip.Addr // the address this connection counts under in addr_max_conns (invalid: none)
+	gotFirst   bool // the first frame (which must be auth) arrived
+	inbound    int  // bytes left unread in gnet's inbound buffer after OnTraffic
+	needsProxy bool // the PROXY header has not arrived yet
+
+	// framing: the PROXY header and the WebSocket handshake are behind
+	// us, frames may be written (before, a final frame just closes).
+	framing atomic.Bool
+	counted netip.Addr // the address this connection counts under in addr_max_conns (invalid: none)
 
 	// Written once by the auth handler before authed is set; read-only after.
 	user   string
@@ -84,6 +91,7 @@ type Session struct {
 
 	sendTokens float64 // send rate limiter, guarded by qmu (only the request goroutine uses it)
 	sendLast   time.Time
+	typingLast map[string]time.Time // conv -> last typing relayed; guarded by qmu
 }
 
 // queued is a request waiting for the session's request goroutine, and
@@ -95,9 +103,14 @@ type queued struct {
 
 var sessionIDs atomic.Uint64
 
-func newSession(g *Gateway, c gnet.Conn) *Session {
+func newSession(g *Gateway, c gnet.Conn, addr netip.Addr, ws bool) *Session {
 	now := time.Now()
-	s := &Session{g: g, c: c, opened: now, id: sessionIDs.Add(1)}
+	s := &Session{g: g, c: c, opened: now, id: sessionIDs.Add(1), addr: addr}
+	if ws {
+		s.ws = &wsConn{}
+	}
+	s.needsProxy = g.proxyOn
+	s.framing.Store(!s.needsProxy && !ws)
 	s.lastSeen.Store(now.UnixNano())
 	return s
 }
@@ -282,11 +295,34 @@ func (s *Session) knows(conv string, seq int64) bool {
 
 // flushLocked schedules an AsyncWrite of the outbox if none is queued.
 func (s *Session) flushLocked() {
-	if s.scheduled || len(s.out) == 0 {
+	if s.scheduled || (len(s.out) == 0 && !s.wsClosePending()) {
 		return
 	}
-	data := s.out
-	s.out, s.spare = s.spare[:0], nil
+	var data []byte
+	if s.ws != nil {
+		// Each frame becomes one binary message; a final frame is
+		// followed by the close frame.
+		if s.ws.closeSent {
+			s.out = s.out[:0]
+			return
+		}
+		// In place when it can (as on TCP, one buffer is written while
+		// the other fills), else into the spare buffer.
+		var inPlace bool
+		if data, inPlace = wsMessagesInPlace(s.out); inPlace {
+			s.out, s.spare = s.spare[:0], nil
+		} else {
+			data = appendWSMessages(s.spare[:0], s.out)
+			s.out, s.spare = s.out[:0], nil
+		}
+		if s.kick && s.ws.closeCode != 0 {
+			data = appendWSClose(data, s.ws.closeCode)
+			s.ws.closeSent = true
+		}
+	} else {
+		data = s.out
+		s.out, s.spare = s.spare[:0], nil
+	}
 	s.scheduled = true
 	if err := s.c.AsyncWrite(data, s.written(data)); err != nil {
 		s.scheduled = false
@@ -315,9 +351,13 @@ func (s *Session) written(data []byte) gnet.AsyncCallback {
 			}
 			s.behind = nil
 		}
-		if len(s.out) > 0 {
+		if len(s.out) > 0 || s.wsClosePending() {
 			s.flushLocked()
-			return nil
+			if s.scheduled {
+				return nil // this write's completion goes on from here
+			}
+			// Nothing was written (a WebSocket that sent its close frame
+			// drops what came after it).
 		}
 		if s.kick {
 			_ = c.Close()
@@ -355,13 +395,42 @@ func (s *Session) fail(rid string, e *wire.Error) {
 // read it).
 func (s *Session) finalFrame(v any) {
 	s.closing.Store(true)
+	if !s.framing.Load() {
+		// Still reading the PROXY header or the WebSocket handshake: the
+		// peer does not speak frames yet.
+		s.close()
+		return
+	}
 	frame, _ := wire.AppendFrame(nil, v)
 	s.omu.Lock()
 	s.out = append(s.out, frame...)
 	s.kick = true
+	if s.ws != nil && s.ws.closeCode == 0 {
+		s.ws.closeCode = wsCloseCode(v)
+	}
 	s.flushLocked()
 	s.omu.Unlock()
 	time.AfterFunc(2*time.Second, s.close)
+}
+
+// wsFail sends a WebSocket close frame with code (after whatever the
+// outbox holds) and closes the connection.
+func (s *Session) wsFail(code ws.StatusCode) {
+	s.closing.Store(true)
+	s.omu.Lock()
+	if s.ws.closeCode == 0 {
+		s.ws.closeCode = code
+	}
+	s.kick = true
+	s.flushLocked() // now, or when the write in flight completes
+	s.omu.Unlock()
+	time.AfterFunc(2*time.Second, s.close)
+}
+
+// wsClosePending reports whether a WebSocket close frame is due and not
+// sent yet. omu must be held.
+func (s *Session) wsClosePending() bool {
+	return s.ws != nil && s.kick && s.ws.closeCode != 0 && !s.ws.closeSent
 }
 
 func (s *Session) close() {

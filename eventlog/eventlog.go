@@ -38,6 +38,9 @@ type Message struct {
 	Device string // the sending device (it gets send_ok instead of a push)
 	Cmid   string
 	Body   []byte
+	// Mentions: users the message mentions (at most 50); those who are
+	// not current members are dropped when it is stored.
+	Mentions []string
 }
 
 // SendResult is the outcome of one send.
@@ -277,7 +280,7 @@ func (l *Log) commitSends(items []*pendingSend) {
 			if r.Err == nil && !r.Dup {
 				m := msgs[i]
 				committed = append(committed, Committed{Device: it.msg.Device, Event: store.Event{
-					Conv: m.Conv, Seq: m.Seq, Kind: store.KindMsg, Sender: m.Sender, Cmid: m.Cmid, Body: m.Body, Ts: m.Ts},
+					Conv: m.Conv, Seq: m.Seq, Kind: store.KindMsg, Sender: m.Sender, Cmid: m.Cmid, Body: m.Body, Ts: m.Ts, Mentions: r.Mentions},
 					Members: r.Members, Recipients: r.Recipients, HaveRecipients: r.HaveRecipients})
 			}
 		}
@@ -309,7 +312,7 @@ func (l *Log) insertBatch(ctx context.Context, items []*pendingSend) ([]store.In
 			results[k].Err = it.allocErr
 			continue
 		}
-		msgs[k] = store.NewMessage{Conv: it.msg.Conv, Sender: it.msg.Sender, Cmid: it.msg.Cmid, Body: it.msg.Body, Seq: it.seq, Ts: ts}
+		msgs[k] = store.NewMessage{Conv: it.msg.Conv, Sender: it.msg.Sender, Cmid: it.msg.Cmid, Body: it.msg.Body, Seq: it.seq, Ts: ts, Mentions: it.msg.Mentions}
 		at = append(at, k)
 		toInsert = append(toInsert, msgs[k])
 	}
@@ -518,7 +521,7 @@ func (l *Log) Recall(ctx context.Context, conv, actor, device string, target int
 }
 
 // change runs apply, one change of conv's log that is not a message (a
-// membership change or a recall), and then done if it succeeded. The
+// membership change, a recall or an edit), and then done if it succeeded. The
 // store checks the change under the conversation's change lock and only
 // then allocates its seq (store.MembershipChange), so a refused change
 // allocates nothing; a seq that turns out to be taken is allocated anew
@@ -562,4 +565,24 @@ func (l *Log) committed(ch store.MembershipChange, kind store.Kind, users []stri
 		return
 	}
 	l.onCommit([]Committed{{Device: device, Members: members, Event: store.Event{Conv: ch.Conv, Seq: ch.Seq, Kind: kind, Sender: ch.Actor, Ts: ch.Ts, Users: users}}})
+}
+
+// Edit appends an edit event for the message at target (sent by actor
+// within window), carrying its new body. Refusals and retries (the same
+// body as the newest edit) allocate no seq.
+func (l *Log) Edit(ctx context.Context, conv, actor, device string, target int64, body []byte, window time.Duration) (store.EditResult, error) {
+	var res store.EditResult
+	err := l.change(ctx, conv, actor, func(ch *store.MembershipChange) (err error) {
+		res, err = l.st.Edit(ctx, ch, target, body, window.Milliseconds())
+		return err
+	}, func(ch store.MembershipChange) {
+		if !res.Again && l.onCommit != nil {
+			l.onCommit([]Committed{{Device: device, Members: res.Members, Event: store.Event{Conv: conv, Seq: ch.Seq, Kind: store.KindEdit,
+				Sender: actor, Ts: ch.Ts, Target: target, Body: body}}})
+		}
+	})
+	if errors.Is(err, store.ErrNotFound) {
+		err = store.ErrNotMember // ids cannot be probed
+	}
+	return res, err
 }

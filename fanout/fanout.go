@@ -445,7 +445,7 @@ func (f *Fanout) queueRows(ctx context.Context, evs []eventlog.Committed, recipi
 // PushFrame encodes e as a push frame.
 func PushFrame(e store.Event) ([]byte, error) {
 	p := wire.Push{T: wire.TPush, Conv: e.Conv, Seq: e.Seq, Kind: e.Kind.String(), Sender: e.Sender, Body: e.Body,
-		Ts: e.Ts, Cmid: e.Cmid, Target: e.Target, Users: e.Users}
+		Ts: e.Ts, Cmid: e.Cmid, Target: e.Target, Users: e.Users, Mentions: e.Mentions}
 	return wire.AppendFrame(nil, p)
 }
 
@@ -490,7 +490,26 @@ func (t Tier) String() string {
 
 type userFrame struct {
 	user, except string
+	users        []string // instead of user: every one of them (ToUsers)
 	frame        []byte
+}
+
+// ErrBusy: ToUsers dropped a frame because the queue was full.
+var ErrBusy = errors.New("fanout: frame queue full; frame dropped")
+
+// ToUsers queues frame for every online device of users, without
+// waiting: when the queue is full the frame is dropped (ErrBusy). For
+// frames that are best effort by nature (typing, receipts): a burst of
+// them must never hold up the requests behind them on a connection.
+func (f *Fanout) ToUsers(users []string, frame []byte) error {
+	select {
+	case f.notes <- userFrame{users: users, frame: frame}:
+		return nil
+	case <-f.stop:
+		return errClosed
+	default:
+		return ErrBusy
+	}
 }
 
 // ToUser queues frame for every online device of user except one (e.g.
@@ -548,9 +567,15 @@ func (f *Fanout) notify(batch []userFrame) {
 	users := make([]string, 0, len(batch))
 	seen := map[string]bool{}
 	for _, n := range batch {
-		if !seen[n.user] {
+		if n.users == nil && !seen[n.user] {
 			seen[n.user] = true
 			users = append(users, n.user)
+		}
+		for _, u := range n.users {
+			if !seen[u] {
+				seen[u] = true
+				users = append(users, u)
+			}
 		}
 	}
 	entries, err := f.routes.Lookup(ctx, users)
@@ -565,10 +590,18 @@ func (f *Fanout) notify(batch []userFrame) {
 	perGateway := map[string][]Delivery{}
 	for _, n := range batch {
 		targets := map[string][]Target{}
-		for _, e := range byUser[n.user] {
-			if e.Device != n.except {
-				targets[e.Gateway] = append(targets[e.Gateway], Target{Device: e.Device, Token: e.Token})
+		add := func(u string) {
+			for _, e := range byUser[u] {
+				if e.Device != n.except {
+					targets[e.Gateway] = append(targets[e.Gateway], Target{Device: e.Device, Token: e.Token})
+				}
 			}
+		}
+		if n.users == nil {
+			add(n.user)
+		}
+		for _, u := range n.users {
+			add(u)
 		}
 		for gw, ts := range targets {
 			perGateway[gw] = append(perGateway[gw], Delivery{Frame: n.frame, Targets: ts})

@@ -160,6 +160,24 @@ func (r *runner) dialers() []*net.Dialer {
 	return dialers
 }
 
+// dialAddr is the address client.Dial takes: the gateway's host:port, or
+// its WebSocket URL (-transport ws).
+func (r *runner) dialAddr() string {
+	if r.cfg.Transport == "ws" {
+		return "ws://" + r.cfg.Addr + "/v1/ws"
+	}
+	return r.cfg.Addr
+}
+
+// dialStream opens a connection to the gateway (TCP, or WebSocket with
+// -transport ws) that carries length-prefixed frames either way.
+func (r *runner) dialStream(ctx context.Context, d *net.Dialer) (net.Conn, error) {
+	if r.cfg.Transport == "ws" {
+		return client.DialWebSocket(ctx, r.dialAddr(), d, nil)
+	}
+	return d.DialContext(ctx, "tcp", r.cfg.Addr)
+}
+
 func hostOf(addr string) string {
 	h, _, err := net.SplitHostPort(addr)
 	if err != nil {
@@ -188,7 +206,7 @@ func (r *runner) dial(ctx context.Context, idx int, d Device, dialer *net.Dialer
 	for attempt := 0; ; attempt++ {
 		dctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 		var err error
-		cc, err = client.Dial(dctx, r.cfg.Addr, d.ID, d.Token, client.DialOptions{OnServerFrame: c.onFrame, Dialer: dialer})
+		cc, err = client.Dial(dctx, r.dialAddr(), d.ID, d.Token, client.DialOptions{OnServerFrame: c.onFrame, Dialer: dialer})
 		cancel()
 		if wait, limited := retryAfter(err); limited && attempt < maxAuthRetries {
 			r.connectLimited.Add(1)
@@ -530,6 +548,14 @@ func (c *Conn) onFrame(m wire.Message) {
 		if r.mix != nil {
 			r.mix.changed.Add(1)
 		}
+	case wire.TTyping:
+		if r.features != nil {
+			r.features.typingIn.Add(1)
+		}
+	case wire.TReceipt:
+		if r.features != nil {
+			r.features.receiptsIn.Add(1)
+		}
 	case wire.TKick:
 		r.kicks.Add(1)
 	}
@@ -551,6 +577,7 @@ func (c *Conn) confirmed(m wire.Message, intended int64) {
 	if r.mix != nil && !m.Dup {
 		// The sender's other devices are owed the push too.
 		r.mix.siblingOwed.Add(int64(r.mix.devsOf[r.mix.userOf[c.idx]] - 1))
+		c.afterSendOK(m.Conv, m.Seq)
 	}
 }
 

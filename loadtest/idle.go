@@ -135,7 +135,7 @@ func runIdle(ctx context.Context, r *runner) error {
 	rep := r.report
 	ir := &IdleReport{Conns: n, RSSSource: source, PingIntervalS: r.cfg.PingInterval.Seconds()}
 	rep.Idle = ir
-	rep.RunPrefix, rep.Addr, rep.Sources, rep.FDLimit = r.cfg.Prefix, r.cfg.Addr, r.cfg.Sources, r.fdLimit
+	rep.RunPrefix, rep.Addr, rep.Transport, rep.Sources, rep.FDLimit = r.cfg.Prefix, r.cfg.Addr, r.cfg.Transport, r.cfg.Sources, r.fdLimit
 
 	t0 := time.Now()
 	_, devs, err := r.provisionUsers(ctx, n, n)
@@ -188,7 +188,7 @@ func runIdle(ctx context.Context, r *runner) error {
 				// client would: a new connection after retry_after_ms.
 				for attempt := 0; ; attempt++ {
 					dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-					c, err := dialers[i%len(dialers)].DialContext(dctx, "tcp", r.cfg.Addr)
+					c, err := r.dialStream(dctx, dialers[i%len(dialers)])
 					cancel()
 					if err != nil {
 						r.errs.Add("DIAL", 1)

@@ -85,6 +85,7 @@ type Config struct {
 	ServerPID   int            // if > 0, report the server's CPU per send
 	CPUPIDs     map[string]int // more processes (with their descendants) to report CPU for, by name
 	Client      ClientMode     // default ClientPipe
+	Transport   string         // "tcp" (default) or "ws": WebSocket to ws://Addr/v1/ws (every scenario but storm)
 	AckDelay    time.Duration  // each device acks its conversations' cursors at most this often, like client.Client's AutoAck (default 50ms; negative: never)
 	MaxInflight int64          // default DefaultMaxInflight
 	Prefix      string         // id prefix of this run (default: random)
@@ -145,6 +146,14 @@ type Config struct {
 	Directs        int           // direct conversations per user (default 4; negative: none)
 	ReadProb       float64       // default 0.3; negative: never read
 	ReadDelay      time.Duration // default 1s; negative: read at once
+	// Message features in mixed (features.go): a typing frame before a
+	// send (TypingProb, default 0.5), an edit after a send_ok (EditProb,
+	// default 0.02), a clear after a read_ok of a single-device user
+	// (ClearProb, default 0.02), a receipts query after a read_ok of a
+	// direct conversation (ReceiptsProb, default 0.05); negative: never.
+	// NoFeatures turns all of them off.
+	TypingProb, EditProb, ClearProb, ReceiptsProb float64
+	NoFeatures                                    bool
 
 	// Probes beside any scenario that sends (docs/loadtest.md, "Probes"):
 	// ProbePostgres, a PostgreSQL URL, runs a bare commit probe (one row
@@ -154,6 +163,15 @@ type Config struct {
 	ProbePostgres string
 	ProbeRedis    string
 	ProbeRate     float64
+
+	// Scenario notify (docs/loadtest.md): Groups groups of one sender
+	// (Senders devices, default 20) and Size receivers drawn from Users
+	// receivers, registered with the server's webhook, which must be
+	// NotifySink (the tool listens there) signing with NotifySecret;
+	// NotifyDelay is the server's notify_delay.
+	NotifySink   string        // default 127.0.0.1:9099
+	NotifySecret string        // "" skips the signature check
+	NotifyDelay  time.Duration // default 3s
 
 	Out  io.Writer // live line and notes (nil: discarded)
 	Live LiveMode
@@ -197,6 +215,20 @@ func (c *Config) setDefaults() {
 	if c.Users == 0 {
 		c.Users = 1000
 	}
+	if c.Scenario == "notify" {
+		if c.Groups == 0 {
+			c.Groups = 2000
+		}
+		if c.Senders == 0 {
+			c.Senders = 20
+		}
+		if c.NotifySink == "" {
+			c.NotifySink = "127.0.0.1:9099"
+		}
+		if c.NotifyDelay == 0 {
+			c.NotifyDelay = 3 * time.Second
+		}
+	}
 	if c.Groups == 0 {
 		c.Groups = 50
 		if c.Scenario == "mixed" {
@@ -214,6 +246,18 @@ func (c *Config) setDefaults() {
 	}
 	if c.ReadDelay == 0 {
 		c.ReadDelay = time.Second
+	}
+	if c.TypingProb == 0 {
+		c.TypingProb = 0.5
+	}
+	if c.EditProb == 0 {
+		c.EditProb = 0.02
+	}
+	if c.ClearProb == 0 {
+		c.ClearProb = 0.02
+	}
+	if c.ReceiptsProb == 0 {
+		c.ReceiptsProb = 0.05
 	}
 	if c.Members == 0 {
 		c.Members = 10000
@@ -282,6 +326,16 @@ func (c *Config) Validate() error {
 	if c.Sources < 1 || c.Sources > MaxSources {
 		bad("sources must be 1 to %d", MaxSources)
 	}
+	switch c.Transport {
+	case "", "tcp":
+		c.Transport = "tcp"
+	case "ws":
+		if c.Scenario == "storm" {
+			bad("transport ws applies to every scenario but storm")
+		}
+	default:
+		bad("transport must be tcp or ws")
+	}
 	if c.Client != ClientPipe && c.Client != ClientDo {
 		bad("client must be %q or %q", ClientPipe, ClientDo)
 	}
@@ -296,6 +350,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Scenario == "mixed" {
 		c.validateMixed(bad)
+	}
+	if c.Scenario == "notify" && (c.Size < 1 || c.Size > c.Users || c.Senders < 1 || c.Senders > c.Groups) {
+		bad("notify: size 1 to users, senders 1 to groups")
 	}
 	if c.Members < 2 || c.Members > MaxMembers {
 		bad("members must be 2 to %d", MaxMembers)
@@ -378,10 +435,11 @@ var scenarios = map[string]func(context.Context, *runner) error{
 	"idle":   runIdle,
 	"storm":  runStorm,
 	"mixed":  runMixed,
+	"notify": runNotify,
 }
 
 // sendScenarios are the scenarios that pace sends (and need -rate).
-var sendScenarios = map[string]bool{"direct": true, "group": true, "large": true, "mixed": true}
+var sendScenarios = map[string]bool{"direct": true, "group": true, "large": true, "mixed": true, "notify": true}
 
 // Scenarios lists the scenario names.
 func Scenarios() []string {
@@ -448,8 +506,9 @@ type runner struct {
 	backlogSeen atomic.Bool
 	fdLimit     int64
 	notes       []string
-	mix         *mixState // scenario mixed: reads and multi-device figures; set before connecting
-	probes      *probes   // Config.ProbePostgres, ProbeRedis (nil: none); set before the scenario runs
+	mix         *mixState   // scenario mixed: reads and multi-device figures; set before connecting
+	features    *featureMix // scenario mixed: typing, edits, clears, receipts; nil when off
+	probes      *probes     // Config.ProbePostgres, ProbeRedis (nil: none); set before the scenario runs
 
 	mu    sync.Mutex // guards conns
 	conns []*Conn

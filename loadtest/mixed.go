@@ -45,6 +45,9 @@ type MixedReport struct {
 	// and how many of those came as pushes.
 	SiblingOwed   int64 `json:"sibling_owed"`
 	SiblingPushed int64 `json:"sibling_pushed"`
+
+	// Message features (typing, edits, clears, receipts); nil when off.
+	Features *FeaturesReport `json:"features,omitempty"`
 }
 
 // mixState is the mixed scenario's part of a runner: who owns which
@@ -303,6 +306,7 @@ func (c *Conn) readDone(msg wire.Message, err error, intended, seq int64) {
 	if msg.Read < seq {
 		m.short.Add(1)
 	}
+	c.afterReadOK(msg.Conv, msg.Read)
 }
 
 // unansweredReads counts the pipe-mode reads still waiting for a reply.
@@ -482,6 +486,10 @@ func runMixed(ctx context.Context, r *runner) error {
 	mix := &mixState{userOf: userOf, devsOf: devsOf, prob: max(cfg.ReadProb, 0), delay: delay, readOK: NewHist(),
 		wake: make(chan struct{}, 1), done: make(chan struct{}), stopped: make(chan struct{})}
 	r.mix = mix
+	if !cfg.NoFeatures {
+		r.features = &featureMix{typingProb: max(cfg.TypingProb, 0), editProb: max(cfg.EditProb, 0),
+			clearProb: max(cfg.ClearProb, 0), receiptsProb: max(cfg.ReceiptsProb, 0)}
+	}
 
 	t0 = time.Now()
 	conns, err := r.connectAll(ctx, devs, func(i int) []*convTrack {
@@ -525,6 +533,7 @@ func runMixed(ctx context.Context, r *runner) error {
 		} else {
 			mr.GroupSends++
 		}
+		conns[d].beforeSend(tracks[j].id)
 		conns[d].send(tracks[j].id, k, intended)
 	})
 	return nil
@@ -541,6 +550,9 @@ func (r *runner) finishMixed(window float64) {
 		mr.ReadsPerS = round3(float64(mr.ReadOK) / window)
 	}
 	r.report.ReadsPerS = &mr.ReadsPerS
+	if r.features != nil {
+		mr.Features = r.features.report()
+	}
 	s := Summarize(m.readOK.Total())
 	r.report.ReadOKMs = &s
 	if mr.ReadsUnsent > 0 {

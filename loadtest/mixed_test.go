@@ -22,8 +22,19 @@ func TestMixed(t *testing.T) {
 	for _, mode := range []ClientMode{ClientPipe, ClientDo} {
 		t.Run(string(mode), func(t *testing.T) {
 			rep := runScenario(t, env, Config{Scenario: "mixed", Client: mode, Rate: 300, Duration: 1500 * time.Millisecond,
-				Users: 60, DevicesPerUser: 1.5, Directs: 3, Groups: 5, Size: 8, ReadProb: 0.5, ReadDelay: 200 * time.Millisecond})
+				Users: 60, DevicesPerUser: 1.5, Directs: 3, Groups: 5, Size: 8, ReadProb: 0.5, ReadDelay: 200 * time.Millisecond,
+				TypingProb: 0.5, EditProb: 0.1, ClearProb: 0.2, ReceiptsProb: 0.2,
+				// The drain ends as soon as every reply and push is in; the
+				// full wait is for a machine busy with other test packages.
+				Drain: 10 * time.Second})
 			checkMixed(t, rep)
+			// The message features ran, every one without an error (errors
+			// of rid-less requests are counted in rep.Errors), and clears
+			// lost no delivery (checkMixed).
+			f := rep.Mixed.Features
+			if f == nil || f.Typing == 0 || f.TypingIn == 0 || f.Edits == 0 || f.Clears == 0 || f.ReceiptQueries == 0 || f.ReceiptsIn == 0 {
+				t.Errorf("features %+v", f)
+			}
 		})
 	}
 }

@@ -20,6 +20,7 @@ type Report struct {
 	RunPrefix   string     `json:"run_prefix"`
 	Addr        string     `json:"addr"`
 	Client      ClientMode `json:"client"`
+	Transport   string     `json:"transport"`
 	Pairs       int        `json:"pairs,omitempty"`
 	Groups      int        `json:"groups,omitempty"`     // group: how many groups
 	GroupSize   int        `json:"group_size,omitempty"` // group, storm: members per conversation
@@ -95,6 +96,8 @@ type Report struct {
 	Idle  *IdleReport  `json:"idle,omitempty"`
 	Storm *StormReport `json:"storm,omitempty"`
 	Mixed *MixedReport `json:"mixed,omitempty"`
+	// Notify is the notify scenario's (notifications against the owed set).
+	Notify *NotifyReport `json:"notify,omitempty"`
 
 	// Latency is every latency metric of the run (send_ok and push again,
 	// and the scenario's own: ping, reconnect, …); Timeline their
@@ -130,6 +133,8 @@ func (rep *Report) Failed() bool {
 		return true
 	case rep.Mixed != nil:
 		return rep.Mixed.ReadShort > 0
+	case rep.Notify != nil:
+		return rep.Notify.Missing > 0 || rep.Notify.Unexpected > 0 || rep.Notify.BadSig > 0
 	case rep.Idle != nil:
 		return rep.Idle.Failed > 0 || rep.Idle.Dropped > 0
 	case rep.Storm != nil:
@@ -155,14 +160,22 @@ func (rep *Report) WriteTable(w io.Writer) {
 		rep.writeStormTable(w)
 		return
 	}
-	fmt.Fprintf(w, "%s: %.1fs at %.0f/s target, %d connections, body %d B, client %s, run %s\n",
-		rep.Scenario, rep.DurationS, rep.TargetRate, rep.Connections, rep.BodySize, rep.Client, rep.RunPrefix)
+	fmt.Fprintf(w, "%s: %.1fs at %.0f/s target, %d connections over %s, body %d B, client %s, run %s\n",
+		rep.Scenario, rep.DurationS, rep.TargetRate, rep.Connections, rep.Transport, rep.BodySize, rep.Client, rep.RunPrefix)
 	switch rep.Scenario {
 	case "group":
 		fmt.Fprintf(w, "%d groups × %d members (one device each)\n", rep.Groups, rep.GroupSize)
 	case "large":
 		fmt.Fprintf(w, "one group of %d members, %d online, %d sending: each send is owed %d pushes\n",
 			rep.Members, rep.Online, rep.Senders, rep.Online-1)
+	case "notify":
+		if n := rep.Notify; n != nil {
+			fmt.Fprintf(w, "%d groups of 1 sender (%d sender devices) + %d receivers, of %d receivers (%d muted, %d connected and acking: owed nothing)\n",
+				n.Groups, n.Senders, n.Size, n.Receivers, n.Muted, n.Acking)
+			fmt.Fprintf(w, "notifications: %d owed, %d received, %d missing, %d duplicates, %d unexpected, %d bad signatures, %d collapsed; %.0f/s at the sink\n",
+				n.Expected, n.Received, n.Missing, n.Duplicates, n.Unexpected, n.BadSig, n.Collapsed, n.PerS)
+			fmt.Fprintf(w, "commit → sink ms: p50 %.1f  p90 %.1f  p99 %.1f  max %.1f\n", n.LatencyMs.P50, n.LatencyMs.P90, n.LatencyMs.P99, n.LatencyMs.Max)
+		}
 	case "mixed":
 		if mr := rep.Mixed; mr != nil {
 			fmt.Fprintf(w, "%d users, %d devices (%.2f per user, %d users with several), %d direct conversations (%d per user), %d groups of %d; %.2f conversations and %.3f msgs/s per user\n",
@@ -191,6 +204,12 @@ func (rep *Report) WriteTable(w io.Writer) {
 				mr.ReadProb, mr.ReadDelayMs, mr.ReadsScheduled, mr.Reads, mr.ReadOK, mr.ReadsPerS, mr.ReadsUnsent, mr.ReadShort, mr.ReadChanged)
 		} else {
 			fmt.Fprintln(w, "reads: off (-read-prob 0)")
+		}
+		if f := mr.Features; f != nil {
+			fmt.Fprintf(w, "features (whole run): typing %d (p %.2f) received %d; edits %d (p %.2f); clears %d (p %.2f); receipts queries %d (p %.2f), receipt frames received %d\n",
+				f.Typing, f.TypingProb, f.TypingIn, f.Edits, f.EditProb, f.Clears, f.ClearProb, f.ReceiptQueries, f.ReceiptsProb, f.ReceiptsIn)
+		} else {
+			fmt.Fprintln(w, "features: off (-no-features)")
 		}
 	}
 	if rep.FanoutBacklogPeak != nil {
@@ -266,7 +285,7 @@ func (r *runner) finish(start, end, drainEnd int64, cpu map[string]time.Duration
 	rep.Sources = r.cfg.Sources
 	rep.FDLimit = r.fdLimit
 	rep.RunPrefix = r.cfg.Prefix
-	rep.Addr = r.cfg.Addr
+	rep.Addr, rep.Transport = r.cfg.Addr, r.cfg.Transport
 	rep.ConnectRateLimited = r.connectLimited.Load()
 	if r.backlogSeen.Load() {
 		peak := r.backlogPeak.Load()
@@ -484,8 +503,8 @@ func (rep *Report) writeErrors(w io.Writer) {
 
 func (rep *Report) writeIdleTable(w io.Writer) {
 	ir := rep.Idle
-	fmt.Fprintf(w, "idle: %d of %d connections (connected in %.1fs), held %.1fs, ping every %gs, run %s\n",
-		ir.Connected, ir.Conns, ir.ConnectS, ir.HoldS, ir.PingIntervalS, rep.RunPrefix)
+	fmt.Fprintf(w, "idle: %d of %d connections over %s (connected in %.1fs), held %.1fs, ping every %gs, run %s\n",
+		ir.Connected, ir.Conns, rep.Transport, ir.ConnectS, ir.HoldS, ir.PingIntervalS, rep.RunPrefix)
 	fmt.Fprintf(w, "server RSS: %.1f MiB before, %.1f MiB connected, %.1f MiB after the hold (%s)\n",
 		mib(ir.ServerRSSBefore), mib(ir.ServerRSSConnected), mib(ir.ServerRSSAfter), ir.RSSSource)
 	fmt.Fprintf(w, "server RSS per connection: %.0f bytes (%.2f KiB)\n", ir.RSSPerConnBytes, ir.RSSPerConnBytes/1024)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/parley-im/parley/test/parleytest"
+	"github.com/parley-im/parley/test/testenv"
 )
 
 // runScenario runs cfg against env and logs the table.
@@ -20,6 +22,9 @@ func runScenario(t *testing.T, env *parleytest.Env, cfg Config) *Report {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	cfg.Addr, cfg.AdminURL, cfg.AdminToken = env.Addr, env.AdminURL, parleytest.AdminToken
+	if cfg.Transport == "ws" {
+		cfg.Addr = env.WSAddr
+	}
 	cfg.Out, cfg.Live = &out, LiveLines
 	rep, err := Run(ctx, cfg)
 	if err != nil {
@@ -267,5 +272,29 @@ func TestCurveAndChart(t *testing.T) {
 	}
 	if empty := svgChart("t", "x", "y", nil, true, true); !strings.Contains(empty, "no data") {
 		t.Errorf("empty chart %s", empty)
+	}
+}
+
+// TestNotify: the notify scenario against a server posting to the tool's
+// sink: every owed notification arrives, none to muted or acking
+// receivers, signatures checked.
+func TestNotify(t *testing.T) {
+	cfg := parleytest.Config(t)
+	sink := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+	cfg.NotifyWebhookURL, cfg.NotifyWebhookSecret = "http://"+sink+"/hook", "sek"
+	cfg.NotifyDelay, cfg.AckCoalesce = 500*time.Millisecond, 0
+	cfg.SendRate, cfg.SendBurst = 1000, 1000
+	env := parleytest.Start(t, cfg)
+	rep := runScenario(t, env, Config{Scenario: "notify", Rate: 100, Duration: 2 * time.Second, Groups: 100, Size: 5,
+		Users: 100, Senders: 5, NotifySink: sink, NotifySecret: "sek", NotifyDelay: cfg.NotifyDelay})
+	n := rep.Notify
+	if n == nil || n.Expected == 0 || n.Received != n.Expected || n.Missing != 0 || n.Unexpected != 0 || n.BadSig != 0 || n.Duplicates != 0 || rep.Failed() {
+		t.Fatalf("notify report %+v", n)
+	}
+	if n.Muted == 0 || n.Acking == 0 || n.LatencyMs.P50 < 500 || n.PerS <= 0 {
+		t.Fatalf("notify report %+v", n)
+	}
+	if rep.Confirmed != 200 || rep.Lost != 0 {
+		t.Fatalf("confirmed %d lost %d", rep.Confirmed, rep.Lost)
 	}
 }

@@ -123,6 +123,16 @@ func (c *convTrack) ackable(i int) (int64, bool) {
 	return m.cursor, true
 }
 
+// held moves member i's cursor over the seqs it now holds and returns
+// it (without counting it as acked).
+func (c *convTrack) held(i int) int64 {
+	m := c.members[i]
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.advance()
+	return m.cursor
+}
+
 // Conv returns the tracked conversation or nil.
 func (t *Tracker) Conv(id string) *convTrack { return t.convs[id] }
 

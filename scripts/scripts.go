@@ -34,6 +34,14 @@ var (
 	routeSetSrc string
 	//go:embed route_del.lua
 	routeDelSrc string
+	//go:embed notify_put.lua
+	notifyPutSrc string
+	//go:embed notify_claim.lua
+	notifyClaimSrc string
+	//go:embed notify_done.lua
+	notifyDoneSrc string
+	//go:embed receipt_gate.lua
+	receiptGateSrc string
 )
 
 // The scripts.
@@ -43,9 +51,15 @@ var (
 	HashMax  = redis.NewScript(hashMaxSrc)
 	RouteSet = redis.NewScript(routeSetSrc)
 	RouteDel = redis.NewScript(routeDelSrc)
+	// The notification queue (package notify).
+	NotifyPut   = redis.NewScript(notifyPutSrc)
+	NotifyClaim = redis.NewScript(notifyClaimSrc)
+	NotifyDone  = redis.NewScript(notifyDoneSrc)
+	// ReceiptGate coalesces read receipts per (conversation, user).
+	ReceiptGate = redis.NewScript(receiptGateSrc)
 )
 
-var all = []*redis.Script{SeqAlloc, SeqFloor, HashMax, RouteSet, RouteDel}
+var all = []*redis.Script{SeqAlloc, SeqFloor, HashMax, RouteSet, RouteDel, NotifyPut, NotifyClaim, NotifyDone, ReceiptGate}
 
 // Load loads every script into Redis. On a cluster it loads them into
 // every master (it fails if one cannot be reached: EVALSHA goes there) and,

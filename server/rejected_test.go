@@ -137,6 +137,20 @@ func TestRejectedRequestsChangeNothing(t *testing.T) {
 	_, err = ca.Recall(ctx(t), "g", old.Seq)
 	wantCode("recall after recall_window", err, wire.RecallWindow)
 
+	// Edits and clears.
+	_, err = cg.Edit(ctx(t), "g", 3, []byte("y"))
+	wantCode("edit by a user removed on another gateway", err, wire.NotMember)
+	_, err = cb.Edit(ctx(t), "g", old.Seq, []byte("y"))
+	wantCode("edit of another member's message", err, wire.NotSender)
+	_, err = ca.Edit(ctx(t), "g", last.Seq, []byte("y"))
+	wantCode("edit of a recalled message", err, wire.NotFound)
+	_, err = ca.Edit(ctx(t), "g", old.Seq, bytes.Repeat([]byte("x"), cfg.MaxBody+1))
+	wantCode("edit over max_body", err, wire.TooLarge)
+	_, err = ca.Clear(ctx(t), "g", before+1)
+	wantCode("clear beyond head", err, wire.CursorAhead)
+	_, err = co.Clear(ctx(t), "g", 1)
+	wantCode("clear by a user who was never a member", err, wire.NotMember)
+
 	// Conversations that fail to be created do not exist.
 	_, err = ca.CreateGroup(ctx(t), "g-new", "", "ben", "no-such-user")
 	if wire.CodeOf(err) != wire.NotFound {

@@ -32,6 +32,7 @@ import (
 	"github.com/parley-im/parley/eventlog"
 	"github.com/parley-im/parley/fanout"
 	"github.com/parley-im/parley/jwtauth"
+	"github.com/parley-im/parley/notify"
 	"github.com/parley-im/parley/route"
 	"github.com/parley-im/parley/scripts"
 	"github.com/parley-im/parley/seq"
@@ -87,25 +88,61 @@ func (h clusterReloadHook) check(err error) bool {
 	return true
 }
 
+// newRedis returns a client of cfg's Redis (its cluster when
+// redis_cluster is set) with pool connections per node.
+func newRedis(cfg config.Config, pool int) (redis.UniversalClient, error) {
+	// A request waiting on a Redis that is down should fail with
+	// UNAVAILABLE within a fraction of a second, not after go-redis's
+	// default budget of 3 retries × 5 dial attempts (about 2.5 s).
+	const maxRetries, dialerRetries = 1, 2
+	if cfg.RedisCluster != "" {
+		// go-redis learns of a failover from a MOVED reply, which a dead
+		// master never sends: until its periodic reload of the slot map
+		// (default every 60 s) it keeps dialling the dead node. Reload it
+		// every second instead (one CLUSTER SLOTS, only while commands
+		// flow), and at once when a command fails on a node that did not
+		// answer (clusterReloadHook), so a promoted replica is used soon
+		// after the cluster elected it.
+		cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(cfg.RedisCluster, ","),
+			PoolSize: pool, MaxRetries: maxRetries, DialerRetries: dialerRetries, ClusterStateReloadInterval: clusterReload,
+			DisableIdentity: true})
+		cc.AddHook(clusterReloadHook{cc})
+		return cc, nil
+	}
+	opt, err := redis.ParseURL(cfg.RedisURL)
+	if err != nil {
+		return nil, fmt.Errorf("redis_url: %w", err)
+	}
+	opt.PoolSize = max(opt.PoolSize, pool)
+	opt.MaxRetries, opt.DialerRetries = maxRetries, dialerRetries
+	opt.DisableIdentity = true // CLIENT SETINFO: Redis before 7.2 refuses it (an error per new connection)
+	return redis.NewClient(opt), nil
+}
+
 // Server is one parleyd process.
 type Server struct {
 	// Static after New.
-	cfg            config.Config
-	log            *slog.Logger
-	reg            *prometheus.Registry
-	st             *store.Store
-	rdb            redis.UniversalClient
-	routes         *route.Table
-	events         *eventlog.Log
-	cursors        *cursor.Cursors
-	fan            *fanout.Fanout
-	rows           *fanout.Rows
-	bus            *fanout.Bus
-	gw             *conn.Gateway
-	adminLn        net.Listener
-	metrLn         net.Listener
-	ps             *redis.PubSub
-	background     context.Context // ends the JWKS refresh and the lifecycle reader (stopBackground, at Shutdown)
+	cfg config.Config
+	log *slog.Logger
+	reg *prometheus.Registry
+	st  *store.Store
+	rdb redis.UniversalClient
+	// notifyRdb is the notifier's own client (a pool apart from rdb's).
+	notifyRdb redis.UniversalClient
+	routes    *route.Table
+	events    *eventlog.Log
+	cursors   *cursor.Cursors
+	fan       *fanout.Fanout
+	rows      *fanout.Rows
+	bus       *fanout.Bus
+	notify    *notify.Notifier
+	gw        *conn.Gateway
+	adminLn   net.Listener
+	metrLn    net.Listener
+	ps        *redis.PubSub
+	// background ends the JWKS refresh and the lifecycle reader
+	// (stopBackground, at Shutdown).
+	background     context.Context
 	stopBackground context.CancelFunc
 	// lifecycleFrom: the lifecycle notice to read after (those before
 	// were announced before this process started).
@@ -151,32 +188,14 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Server, e
 			return nil, err
 		}
 	}
-	// A request waiting on a Redis that is down should fail with
-	// UNAVAILABLE within a fraction of a second, not after go-redis's
-	// default budget of 3 retries × 5 dial attempts (about 2.5 s).
-	const maxRetries, dialerRetries = 1, 2
-	if cfg.RedisCluster != "" {
-		// go-redis learns of a failover from a MOVED reply, which a dead
-		// master never sends: until its periodic reload of the slot map
-		// (default every 60 s) it keeps dialling the dead node. Reload it
-		// every second instead (one CLUSTER SLOTS, only while commands
-		// flow), and at once when a command fails on a node that did not
-		// answer (clusterReloadHook), so a promoted replica is used soon
-		// after the cluster elected it.
-		cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(cfg.RedisCluster, ","),
-			PoolSize: 64, MaxRetries: maxRetries, DialerRetries: dialerRetries, ClusterStateReloadInterval: clusterReload,
-			DisableIdentity: true})
-		cc.AddHook(clusterReloadHook{cc})
-		s.rdb = cc
-	} else {
-		opt, perr := redis.ParseURL(cfg.RedisURL)
-		if perr != nil {
-			return nil, fmt.Errorf("redis_url: %w", perr)
-		}
-		opt.PoolSize = max(opt.PoolSize, 64)
-		opt.MaxRetries, opt.DialerRetries = maxRetries, dialerRetries
-		opt.DisableIdentity = true // CLIENT SETINFO: Redis before 7.2 refuses it (an error per new connection)
-		s.rdb = redis.NewClient(opt)
+	if s.rdb, err = newRedis(cfg, 64); err != nil {
+		return nil, err
+	}
+	// Notifications have a client (a connection pool) of their own: their
+	// workers never take connections the send path is waiting for, and
+	// their traffic during a Redis outage leaves its pool alone.
+	if s.notifyRdb, err = newRedis(cfg, 16); err != nil {
+		return nil, err
 	}
 	sm := newStoreMetrics(s.reg)
 	s.removalNotices = sm.removalNotices
@@ -207,6 +226,11 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Server, e
 	s.rows = fanout.NewRows(s.rdb, cfg.RedisPrefix, s.cfg.GatewayID+"-"+s.routes.Boot(),
 		fanout.RowsConfig{Workers: cfg.FanoutWorkers, ClaimIdle: cfg.FanoutClaimIdle}, log, s.reg)
 	s.fan = fanout.New(s.st, s.routes, s.bus, s.rows, cfg.WriteFanoutMax, cfg.OnlineFanoutMax, log, s.reg, 4, cfg.AckCoalesce)
+	providers, err := notify.Providers(cfg, notify.HTTPClient(cfg))
+	if err != nil {
+		return nil, err
+	}
+	s.notify = notify.New(s.st, s.notifyRdb, notify.ConfigOf(s.cfg), providers, s.connectedDevices, log, s.reg)
 	sends := sm.commitMetrics("send")
 	s.events = eventlog.New(s.st, seqs, eventlog.Config{HoleTimeout: cfg.HoleTimeout, CommitBatch: cfg.CommitBatch, CommitWorkers: cfg.CommitWorkers, CommitLinger: cfg.CommitLinger,
 		RecipientsBelow: cfg.WriteFanoutMax, BatchSizes: sends.Sizes,
@@ -215,7 +239,10 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Server, e
 			Refreshed: sm.memberLookups.WithLabelValues("refresh")},
 		BeforeLeave: s.fan.BeforeLeave,
 		Removed:     s.bus.Removed},
-		log, s.fan.Enqueue)
+		log, func(evs []eventlog.Committed) {
+			s.fan.Enqueue(evs)
+			s.notify.Committed(evs)
+		})
 	verifier, err := jwtauth.New(s.background, jwtauth.Config{HMACSecret: cfg.JWTHMACSecret, PublicKeyFile: cfg.JWTPublicKeyFile,
 		JWKSURL: cfg.JWTJWKSURL, Issuer: cfg.JWTIssuer, Audience: cfg.JWTAudience, DeviceClaim: cfg.JWTDeviceClaim})
 	if err != nil {
@@ -223,7 +250,8 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Server, e
 	}
 	s.gw = conn.New(s.cfg, conn.Deps{JWT: verifier, Store: s.st, Log: s.events, Cursors: s.cursors, Routes: s.routes, Bus: s.bus, Rows: s.rows,
 		Mentions: conn.NewMentionLimiter(s.rdb, cfg.RedisPrefix, cfg.MentionAllRate, cfg.MentionAllPeriod),
-		Online:   s.fan.Online, Notify: s.fan.ToUser}, log, s.reg)
+		Online:   s.fan.Online, Notify: s.fan.ToUser, NotifyMany: s.fan.ToUsers, Receipts: conn.NewReceiptGate(s.rdb, cfg.RedisPrefix),
+		Notifications: s.notify}, log, s.reg)
 	s.fan.Start(s.gw)
 	if s.ps, err = s.bus.Subscribe(ctx); err != nil {
 		return nil, err
@@ -265,6 +293,42 @@ func (s *Server) MetricSum(name string) float64 {
 	return sum
 }
 
+// MetricWith is MetricSum over the samples whose label has value.
+func (s *Server) MetricWith(name, label, value string) float64 {
+	mfs, err := s.reg.Gather()
+	if err != nil {
+		return 0
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label && l.GetValue() == value {
+					sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	return sum
+}
+
+// connectedDevices returns which devices of users have a live connection
+// on any gateway (the routing table).
+func (s *Server) connectedDevices(ctx context.Context, users []string) (map[string]bool, error) {
+	entries, err := s.routes.Lookup(ctx, users)
+	if err != nil {
+		return nil, err
+	}
+	on := make(map[string]bool, len(entries))
+	for _, e := range entries {
+		on[e.Device] = true
+	}
+	return on, nil
+}
+
 // FanoutPending is how many committed events wait for fan-out (tests use
 // it to wait until pushes went out).
 func (s *Server) FanoutPending() int64 { return s.fan.Pending() }
@@ -290,6 +354,7 @@ func (s *Server) Start(ctx context.Context) error {
 	s.goroutine(func() {
 		fanout.Serve(s.ps, s.gw, s.gw.Kick, func(r fanout.Removal) {
 			s.events.Forget(r.Conv, r.Users)
+			s.gw.ForgetMembers(r.Conv)
 			s.removalNotices.Inc()
 		})
 	})
@@ -298,20 +363,18 @@ func (s *Server) Start(ctx context.Context) error {
 	if err := s.rows.Start(ctx); err != nil {
 		return err
 	}
+	s.notify.Start()
 
 	mode := func(n int64) string { return fanout.TierOf(n, s.cfg.WriteFanoutMax, s.cfg.OnlineFanoutMax).String() }
-	connected := func(ctx context.Context, user string) (map[string]bool, error) {
-		es, err := s.routes.Lookup(ctx, []string{user})
-		if err != nil {
-			return nil, err
-		}
-		out := make(map[string]bool, len(es))
-		for _, e := range es {
-			out[e.Device] = true
-		}
-		return out, nil
+	userDevices := func(ctx context.Context, user string) (map[string]bool, error) {
+		return s.connectedDevices(ctx, []string{user})
 	}
-	s.serveHTTP(s.adminLn, admin.New(s.cfg.AdminToken, s.st, s.events, s.cursors, mode, s.bus.Lifecycle, connected, s.log))
+	api := admin.New(s.cfg.AdminToken, s.st, s.events, s.cursors, mode, s.bus.Lifecycle, userDevices, s.log)
+	api.Connected(func(ctx context.Context, user, device string) (bool, error) {
+		on, err := s.connectedDevices(ctx, []string{user})
+		return on[device], err
+	})
+	s.serveHTTP(s.adminLn, api)
 	if s.metrLn != nil {
 		s.serveHTTP(s.metrLn, s.metricsMux())
 	}
@@ -446,6 +509,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		s.cursors.Close()
 		s.fan.Close()
 		s.rows.Close()
+		s.notify.Close()
 		_ = s.ps.Close()
 		dctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		_ = s.routes.DropLease(dctx)
@@ -459,6 +523,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 func (s *Server) closeStores() {
 	if s.rdb != nil {
 		_ = s.rdb.Close()
+	}
+	if s.notifyRdb != nil {
+		_ = s.notifyRdb.Close()
 	}
 	if s.st != nil {
 		s.st.Close()

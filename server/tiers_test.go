@@ -176,6 +176,13 @@ func tierScenario(t *testing.T, writeMax, onlineMax int, coalesce time.Duration)
 		t.Fatal(err)
 	}
 	quiesce()
+	if _, err := a.Edit(ctx(t), "g", s1, []byte("body-a1-edited")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Edit(ctx(t), "g", s1+1, []byte("x")); wire.CodeOf(err) != wire.NotFound {
+		t.Fatalf("edit of a recalled message: %v", err)
+	}
+	quiesce()
 	if _, err := cc.Leave(ctx(t), "g"); err != nil {
 		t.Fatal(err)
 	}
@@ -205,6 +212,31 @@ func tierScenario(t *testing.T, writeMax, onlineMax int, coalesce time.Duration)
 		t.Fatalf("read ahead: %v", err)
 	}
 	quiesce() // d1's fan-out
+	// b clears ("delete for me") past its read position: b's other device
+	// hears of the read position; e clears less; c edits its c2.
+	if _, err := b1.Clear(ctx(t), "g", s1+6); err != nil {
+		t.Fatal(err)
+	}
+	testenv.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		rec := recs[devs["b"][1].ID]
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		if len(rec.reads) < 2 {
+			return fmt.Errorf("no read_changed for the clear on b's other device")
+		}
+		return nil
+	})
+	if _, err := e.Clear(ctx(t), "g", s1+2); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cc.Clear(ctx(t), "g", 1000); wire.CodeOf(err) != wire.CursorAhead {
+		t.Fatalf("clear ahead: %v", err)
+	}
+	edited := send(cc, "c3")
+	if _, err := cc.Edit(ctx(t), "g", edited, []byte("body-c3-edited")); err != nil {
+		t.Fatal(err)
+	}
+	quiesce()
 
 	var out strings.Builder
 	users := map[string]*client.Conn{"a": a, "b": b1, "c": cc, "d": d, "e": e}
@@ -215,7 +247,18 @@ func tierScenario(t *testing.T, writeMax, onlineMax int, coalesce time.Duration)
 			t.Fatal(err)
 		}
 		for _, it := range cv.Items {
-			fmt.Fprintf(&out, "%s convs: %s kind=%s head=%d min=%d epoch=%d read=%d unread=%d\n", u, it.Conv, it.Kind, it.Head, it.MinSeq, it.Epoch, it.Read, it.Unread)
+			fmt.Fprintf(&out, "%s convs: %s kind=%s head=%d min=%d epoch=%d read=%d unread=%d cleared=%d\n", u, it.Conv, it.Kind, it.Head, it.MinSeq, it.Epoch, it.Read, it.Unread, it.Cleared)
+		}
+		sn, err := c.Snapshot(ctx(t), []wire.ConvAfter{{Conv: "g", After: 0}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, it := range sn.Items {
+			fmt.Fprintf(&out, "%s snapshot: head=%d read=%d unread=%d skipped=%d", u, it.Head, it.Read, it.Unread, it.Skipped)
+			for _, ev := range it.Events {
+				fmt.Fprintf(&out, " [%d %s %q r=%v t=%d e=%v]", ev.Seq, ev.Kind, ev.Body, ev.Recalled, ev.Target, ev.Edited != 0)
+			}
+			out.WriteString("\n")
 		}
 		for after, page := int64(0), 0; page < 10; page++ {
 			p, err := c.Sync(ctx(t), "g", after, 3)
@@ -224,7 +267,7 @@ func tierScenario(t *testing.T, writeMax, onlineMax int, coalesce time.Duration)
 			}
 			fmt.Fprintf(&out, "%s sync after %d: upto=%d more=%v head=%d", u, after, p.Upto, p.More, p.Head)
 			for _, ev := range p.Events {
-				fmt.Fprintf(&out, " [%d %s %s %q %s r=%v t=%d %v]", ev.Seq, ev.Kind, ev.Sender, ev.Body, ev.Cmid, ev.Recalled, ev.Target, ev.Users)
+				fmt.Fprintf(&out, " [%d %s %s %q %s r=%v t=%d %v e=%v]", ev.Seq, ev.Kind, ev.Sender, ev.Body, ev.Cmid, ev.Recalled, ev.Target, ev.Users, ev.Edited != 0)
 			}
 			out.WriteString("\n")
 			if !p.More {
@@ -246,8 +289,9 @@ func tierScenario(t *testing.T, writeMax, onlineMax int, coalesce time.Duration)
 
 // TestTierInvariance: the same history in a group forced
 // into each tier, and across tiers, gives identical client-visible
-// results: convs items, unread, sync pages, pushes and read_changed
-// received by online devices. Only convs' mode differs.
+// results: convs items, unread, sync pages, snapshots, pushes and
+// read_changed received by online devices, with recalls, edits and clears
+// ("delete for me") in the history. Only convs' mode differs.
 func TestTierInvariance(t *testing.T) {
 	var want string
 	for i, tc := range tierConfigs {

@@ -139,6 +139,8 @@ type urMsg struct {
 	sender    string
 	recalled  bool
 	recallSeq int64
+	body      string // the newest edit's ("x" until edited)
+	editSeq   int64  // the newest edit's seq (0: never edited)
 }
 
 type urConv struct {
@@ -146,6 +148,7 @@ type urConv struct {
 	periods map[string][]urPeriod
 	msgs    []*urMsg
 	read    map[string]int64
+	cleared map[string]int64 // "delete for me" positions
 }
 
 type urHistory struct {
@@ -192,7 +195,7 @@ func newURHistory(t *testing.T, env *parleytest.Env, pg *pgx.Conn, rng *rand.Ran
 	}
 	ng := 1 + rng.Intn(2)
 	for g := 0; g < ng; g++ {
-		c := &urConv{id: fmt.Sprintf("r%02d-g%d", n, g), periods: map[string][]urPeriod{}, read: map[string]int64{}}
+		c := &urConv{id: fmt.Sprintf("r%02d-g%d", n, g), periods: map[string][]urPeriod{}, read: map[string]int64{}, cleared: map[string]int64{}}
 		var members []string
 		for _, u := range h.users {
 			if rng.Intn(3) != 0 {
@@ -334,14 +337,18 @@ func (h *urHistory) run(n int) {
 			h.loseSeq(c)
 		case p < 36:
 			h.sync(c, u)
-		case p < 42:
+		case p < 40:
 			h.recall(c)
-		case p < 49:
+		case p < 44:
+			h.edit(c)
+		case p < 50:
 			h.leave(c, u)
 		case p < 56:
 			h.add(c, u)
-		case p < 82:
+		case p < 78:
 			h.read(c, u)
+		case p < 82:
+			h.clear(c, u)
 		case p < 94:
 			h.ack(c, u)
 		default:
@@ -366,7 +373,7 @@ func (h *urHistory) send(c *urConv, u *urUser) {
 	if n := len(c.msgs); n > 0 && r.Seq <= c.msgs[n-1].seq {
 		h.fail("send got seq %d after %d", r.Seq, c.msgs[n-1].seq)
 	}
-	c.msgs = append(c.msgs, &urMsg{seq: r.Seq, sender: u.id})
+	c.msgs = append(c.msgs, &urMsg{seq: r.Seq, sender: u.id, body: "x"})
 	h.stats["send"]++
 }
 
@@ -383,11 +390,13 @@ func (h *urHistory) loseSeq(c *urConv) {
 }
 
 // sync pages through c from 0 as u (by upto only): the messages it returns
-// are exactly those inside u's periods, recalled ones marked.
+// are exactly those inside u's periods and above u's cleared position,
+// recalled ones marked, edited ones with their newest body.
 func (h *urHistory) sync(c *urConv, u *urUser) {
 	conn, dev := h.pick(u)
 	var after int64
 	got := map[int64]bool{}
+	bodies := map[int64]string{}
 	neverMember := false
 	// A page with more and no events: a lost seq, fenced after the hole
 	// timeout. Try again shortly.
@@ -406,6 +415,10 @@ func (h *urHistory) sync(c *urConv, u *urUser) {
 			for _, e := range r.Events {
 				if e.Kind == "msg" {
 					got[e.Seq] = e.Recalled
+					bodies[e.Seq] = string(e.Body)
+				}
+				if e.Seq <= c.cleared[u.id] {
+					h.fail("sync of %s by %s returned seq %d, at or below the cleared position %d", c.id, dev, e.Seq, c.cleared[u.id])
 				}
 			}
 			after = r.Upto
@@ -422,12 +435,19 @@ func (h *urHistory) sync(c *urConv, u *urUser) {
 	}
 	want := 0
 	for _, m := range c.msgs {
-		if !c.visible(u.id, m.seq) {
+		if !c.visible(u.id, m.seq) || m.seq <= c.cleared[u.id] {
 			continue
 		}
 		want++
 		if rec, ok := got[m.seq]; !ok || rec != m.recalled {
 			h.fail("sync of %s by %s: message %d (recalled %v) returned %v (recalled %v)", c.id, dev, m.seq, m.recalled, ok, rec)
+		}
+		wantBody := m.body
+		if m.recalled {
+			wantBody = ""
+		}
+		if bodies[m.seq] != wantBody {
+			h.fail("sync of %s by %s: message %d has body %q, want %q", c.id, dev, m.seq, bodies[m.seq], wantBody)
 		}
 	}
 	h.logf("sync %s by %s: %d messages up to %d", c.id, dev, len(got), after)
@@ -474,6 +494,95 @@ func (h *urHistory) recall(c *urConv) {
 	}
 	m.recalled, m.recallSeq = true, r.Seq
 	h.stats["recall"]++
+}
+
+// edit: the sender edits one of c's messages (or someone else tries, or
+// the sender retries the newest edit). Edits take seqs and never count
+// as unread.
+func (h *urHistory) edit(c *urConv) {
+	if len(c.msgs) == 0 {
+		return
+	}
+	m := c.msgs[h.rng.Intn(len(c.msgs))]
+	sender := h.user(m.sender)
+	if others := c.currentMembers(); h.rng.Intn(5) == 0 && len(others) > 0 {
+		a := h.user(others[h.rng.Intn(len(others))])
+		if a.id != m.sender {
+			conn, _ := h.pick(a)
+			_, err := conn.Edit(h.ctx(), c.id, m.seq, []byte("not mine"))
+			h.logf("edit %s/%d by %s (not the sender): %v", c.id, m.seq, a.id, err)
+			code := wire.NotSender
+			if m.recalled {
+				code = wire.NotFound
+			}
+			h.wantCode("edit by another user", err, code)
+			return
+		}
+	}
+	body := m.body
+	retry := m.editSeq != 0 && h.rng.Intn(4) == 0
+	if !retry {
+		h.cmid++
+		body = fmt.Sprintf("e%d", h.cmid)
+	}
+	conn, _ := h.pick(sender)
+	r, err := conn.Edit(h.ctx(), c.id, m.seq, []byte(body))
+	h.logf("edit %s/%d by %s to %q: %+v %v", c.id, m.seq, sender.id, body, r.Seq, err)
+	switch {
+	case !c.member(sender.id):
+		h.wantCode("edit by a sender who left", err, wire.NotMember)
+		return
+	case m.recalled:
+		h.wantCode("edit of a recalled message", err, wire.NotFound)
+		return
+	case err != nil || r.Target != m.seq:
+		h.fail("edit %d: %+v %v", m.seq, r, err)
+	case retry:
+		if r.Seq != m.editSeq {
+			h.fail("edit of %d retried: seq %d, the edit was %d", m.seq, r.Seq, m.editSeq)
+		}
+		h.stats["edit-again"]++
+		return
+	}
+	m.body, m.editSeq = body, r.Seq
+	h.stats["edit"]++
+}
+
+// clear: u clears c up to a random seq ("delete for me"): the cleared
+// position max-merges (capped like read) and raises read.
+func (h *urHistory) clear(c *urConv, u *urUser) {
+	head := h.head(c.id)
+	lastTo := c.lastTo(u.id)
+	var seq int64
+	switch p := h.rng.Intn(100); {
+	case p < 10:
+		seq = head + 1 + h.rng.Int63n(3)
+	case p < 30 && lastTo < head:
+		seq = lastTo + 1 + h.rng.Int63n(head-lastTo)
+	default:
+		seq = h.rng.Int63n(head + 1)
+	}
+	conn, dev := h.pick(u)
+	r, err := conn.Clear(h.ctx(), c.id, seq)
+	h.logf("clear %s by %s (%s) at %d (head %d, last period ends %d): cleared %d read %d unread %d %v", c.id, u.id, dev, seq, head, lastTo, r.Cleared, r.Read, r.Unread, err)
+	switch {
+	case !c.ever(u.id):
+		h.wantCode("clear by a never-member", err, wire.NotMember)
+		return
+	case seq > head:
+		h.wantCode("clear above head", err, wire.CursorAhead)
+		return
+	case err != nil:
+		h.fail("clear: %v", err)
+	}
+	c.cleared[u.id] = max(c.cleared[u.id], min(seq, lastTo))
+	c.read[u.id] = max(c.read[u.id], c.cleared[u.id])
+	def := unreadByDefinition(h.t, h.pg, u.id, c.id)
+	if r.Cleared != c.cleared[u.id] || r.Read != c.read[u.id] || r.Unread != def || def != c.unread(u.id) {
+		h.fail("clear_ok cleared %d read %d unread %d; model cleared %d read %d unread %d; SQL definition unread %d",
+			r.Cleared, r.Read, r.Unread, c.cleared[u.id], c.read[u.id], c.unread(u.id), def)
+	}
+	h.stats["clear"]++
 }
 
 func (h *urHistory) leave(c *urConv, u *urUser) {
@@ -657,6 +766,9 @@ func (h *urHistory) check() {
 			def := unreadByDefinition(h.t, h.pg, u.id, c.id)
 			mRead, mUnread := c.read[u.id], c.unread(u.id)
 			head := heads[c.id]
+			if it.Cleared != c.cleared[u.id] {
+				h.fail("%s/%s convs on %s: cleared %d, model %d", u.id, c.id, dev, it.Cleared, c.cleared[u.id])
+			}
 			if it.Head != head || it.Read != stored || it.Read != mRead || it.Unread != def || def != mUnread || it.Delivered != h.deliv[dev][c.id] {
 				h.fail("%s/%s convs on %s: head %d read %d unread %d delivered %d; SQL head %d read_positions %d definition unread %d; model read %d unread %d delivered %d",
 					u.id, c.id, dev, it.Head, it.Read, it.Unread, it.Delivered, head, stored, def, mRead, mUnread, h.deliv[dev][c.id])

@@ -21,8 +21,11 @@ type ConvItem struct {
 	MinSeq    int64
 	Delivered int64
 	Read      int64
+	Cleared   int64 // the user's "delete for me" position (0: none)
 	Unread    int64
 	LastTs    int64
+	// MutedUntil is the user's muted_until (Unix ms; 0: never muted).
+	MutedUntil int64
 }
 
 // ConvCursor is a position in a user's conversation list: items strictly
@@ -175,7 +178,7 @@ func (s *Store) Conversations(ctx context.Context, user, device string, limit in
 		p.Items, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (ConvItem, error) {
 			var it ConvItem
 			err := r.Scan(&it.Conv, &it.Kind, &it.Title, &it.Members, &it.Epoch, &it.MinSeq, &it.Head,
-				&it.Delivered, &it.Read, &it.LastTs, &it.Unread)
+				&it.Delivered, &it.Read, &it.Cleared, &it.LastTs, &it.Unread, &it.MutedUntil)
 			return it, err
 		})
 		if err != nil {
@@ -207,13 +210,14 @@ func (s *Store) Conversations(ctx context.Context, user, device string, limit in
 const conversationsSQL = `
 SELECT p.conv_id, c.kind, c.title, c.member_count, c.epoch, c.min_seq,
        (SELECT coalesce(max(e.seq), 0) FROM events e WHERE e.conv_key = c.conv_key),
-       coalesce(dc.delivered_seq, 0), coalesce(rp.read_seq, 0),
+       coalesce(dc.delivered_seq, 0), coalesce(rp.read_seq, 0), coalesce(rp.cleared_seq, 0),
        coalesce((SELECT e.ts FROM events e WHERE e.conv_key = c.conv_key AND e.seq <= p.last_to AND e.kind <> 0
                   ORDER BY e.seq DESC LIMIT 1), 0),
-       u.unread
+       u.unread, coalesce(cs.muted_until, 0)
   FROM unnest($3::text[], $4::bigint[]) WITH ORDINALITY AS p(conv_id, last_to, i)
   JOIN conversations c ON c.conv_id = p.conv_id
   LEFT JOIN device_cursors dc ON dc.device_id = $2 AND dc.conv_id = p.conv_id
   LEFT JOIN read_positions rp ON rp.user_id = $1 AND rp.conv_id = p.conv_id
+  LEFT JOIN conv_settings cs ON cs.user_id = $1 AND cs.conv_id = p.conv_id
   CROSS JOIN LATERAL parley_unread_of(p.conv_id, $1, coalesce(rp.read_seq, 0)) u
  ORDER BY p.i`

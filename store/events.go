@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -21,6 +22,7 @@ const (
 	KindJoin   Kind = 2
 	KindLeave  Kind = 3
 	KindRecall Kind = 4
+	KindEdit   Kind = 5
 )
 
 // String is the wire name of the kind.
@@ -34,6 +36,8 @@ func (k Kind) String() string {
 		return "leave"
 	case KindRecall:
 		return "recall"
+	case KindEdit:
+		return "edit"
 	}
 	return "hole"
 }
@@ -50,6 +54,10 @@ type Event struct {
 	Recalled bool
 	Target   int64
 	Users    []string
+	Mentions []string // msg: the mentioned users who were members at send time
+	// Edited is the ts of the newest edit of a msg (0: never edited); its
+	// Body is then that edit's.
+	Edited int64
 }
 
 // NewMessage is a msg event to insert at a seq the caller allocated.
@@ -60,6 +68,9 @@ type NewMessage struct {
 	Body   []byte
 	Seq    int64
 	Ts     int64
+	// Mentions: users the message mentions; those who are not current
+	// members are dropped when it is stored.
+	Mentions []string
 }
 
 // InsertResult is what happened to one NewMessage.
@@ -75,6 +86,7 @@ type InsertResult struct {
 	Members        int64
 	Recipients     []string
 	HaveRecipients bool
+	Mentions       []string // as stored
 }
 
 // InsertMessages stores msgs in one transaction (group commit). Per row:
@@ -112,17 +124,17 @@ func (s *Store) InsertMessages(ctx context.Context, msgs []NewMessage, recipient
 // hashed all of them for every batch, and kept doing so as they grew.
 const insertMessagesSQL = `WITH u AS (
 		SELECT u.*, c.conv_key, c.member_count
-		FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::bytea[], $6::bigint[]) AS u(conv, seq, sender, cmid, body, ts)
+		FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::bytea[], $6::bigint[], $8::text[]) AS u(conv, seq, sender, cmid, body, ts, mentions)
 		CROSS JOIN LATERAL (SELECT c.conv_key, c.member_count FROM conversations c WHERE c.conv_id = u.conv LIMIT 1) c
 	), ins AS (
-		INSERT INTO events (conv_key, seq, kind, sender, cmid, body, ts)
-		SELECT u.conv_key, u.seq, 1, u.sender, u.cmid, u.body, u.ts
+		INSERT INTO events (conv_key, seq, kind, sender, cmid, body, ts, mentions)
+		SELECT u.conv_key, u.seq, 1, u.sender, u.cmid, u.body, u.ts, ` + mentionsSQL + `
 		FROM u
 		WHERE coalesce((SELECT true FROM membership_periods m
 		                WHERE m.conv_id = u.conv AND m.user_id = u.sender AND m.to_seq IS NULL AND m.from_seq <= u.seq LIMIT 1), false)
 		%s
-		RETURNING conv_key, seq)
-	SELECT u.conv, u.seq, u.member_count,
+		RETURNING conv_key, seq, mentions)
+	SELECT u.conv, u.seq, ins.mentions, u.member_count,
 		CASE WHEN u.member_count < $7 THEN ARRAY(SELECT m.user_id FROM membership_periods m
 			WHERE m.conv_id = u.conv AND m.from_seq <= u.seq AND (m.to_seq IS NULL OR m.to_seq >= u.seq)) END
 	FROM ins JOIN u ON u.conv_key = ins.conv_key AND u.seq = ins.seq`
@@ -137,8 +149,10 @@ func (s *Store) insertMessages(ctx context.Context, msgs []NewMessage, recipient
 	convs, senders, cmids := make([]string, n), make([]string, n), make([]string, n)
 	bodies := make([][]byte, n)
 	seqs, tss := make([]int64, n), make([]int64, n)
+	mentions := make([]*string, n)
 	for i, m := range msgs {
 		convs[i], senders[i], cmids[i], bodies[i], seqs[i], tss[i] = m.Conv, m.Sender, m.Cmid, m.Body, m.Seq, m.Ts
+		mentions[i] = mentionsJSON(m.Mentions)
 	}
 	res := make([]InsertResult, n)
 	// One transaction, sent in one round trip, and one WAL flush commit
@@ -156,7 +170,7 @@ func (s *Store) insertMessages(ctx context.Context, msgs []NewMessage, recipient
 	}
 	b := &pgx.Batch{}
 	b.Queue(lockSharedSQL, changeLockKeys(convs))
-	b.Queue(query, convs, seqs, senders, cmids, bodies, tss, recipientsBelow)
+	b.Queue(query, convs, seqs, senders, cmids, bodies, tss, recipientsBelow, mentions)
 	br := s.pool.SendBatch(ctx, b)
 	defer br.Close()
 	if _, err := br.Exec(); err != nil {
@@ -169,12 +183,13 @@ func (s *Store) insertMessages(ctx context.Context, msgs []NewMessage, recipient
 	type insertedRow struct {
 		members    int64
 		recipients []string
+		mentions   []string
 	}
 	inserted := make(map[ConvSeq]insertedRow, n)
 	for rows.Next() {
 		var k ConvSeq
 		var r insertedRow
-		if err := rows.Scan(&k.Conv, &k.Seq, &r.members, &r.recipients); err != nil {
+		if err := rows.Scan(&k.Conv, &k.Seq, &r.mentions, &r.members, &r.recipients); err != nil {
 			rows.Close()
 			return nil, err
 		}
@@ -200,6 +215,7 @@ func (s *Store) insertMessages(ctx context.Context, msgs []NewMessage, recipient
 			continue
 		}
 		res[i].Members, res[i].Recipients, res[i].HaveRecipients = r.members, r.recipients, r.recipients != nil
+		res[i].Mentions = r.mentions
 	}
 	if len(missing) > 0 {
 		// The inserted rows are committed already; explaining the others
@@ -323,11 +339,13 @@ func (s *Store) ReadPage(ctx context.Context, conv, user string, after int64, li
 		if err != nil {
 			return err
 		}
-		var key int64
-		if err := tx.QueryRow(ctx, `SELECT c.conv_key, c.epoch, c.min_seq, (SELECT coalesce(max(e.seq), 0) FROM events e WHERE e.conv_key = c.conv_key)
-			FROM conversations c WHERE c.conv_id = $1`, conv).Scan(&key, &p.Epoch, &p.MinSeq, &p.Head); err != nil {
+		var key, cleared int64
+		if err := tx.QueryRow(ctx, `SELECT c.conv_key, c.epoch, c.min_seq, (SELECT coalesce(max(e.seq), 0) FROM events e WHERE e.conv_key = c.conv_key),
+				coalesce((SELECT r.cleared_seq FROM read_positions r WHERE r.user_id = $2 AND r.conv_id = c.conv_id), 0)
+			FROM conversations c WHERE c.conv_id = $1`, conv, user).Scan(&key, &p.Epoch, &p.MinSeq, &p.Head, &cleared); err != nil {
 			return err
 		}
+		periods = clearedFrom(periods, cleared)
 		p.Upto = after
 		if after >= p.Head {
 			return nil
@@ -346,6 +364,24 @@ type convRef struct {
 
 // Period is a membership period [From, To]; To is math.MaxInt64 while open.
 type Period struct{ From, To int64 }
+
+// clearedFrom returns the parts of periods above cleared: what a user
+// who cleared the conversation up to cleared still sees ("delete for
+// me" hides everything at or below it, from that user alone).
+func clearedFrom(periods []Period, cleared int64) []Period {
+	if cleared <= 0 {
+		return periods
+	}
+	out := periods[:0:0]
+	for _, p := range periods {
+		if p.To <= cleared {
+			continue
+		}
+		p.From = max(p.From, cleared+1)
+		out = append(out, p)
+	}
+	return out
+}
 
 func periodsTx(ctx context.Context, tx pgx.Tx, conv, user string) ([]Period, error) {
 	rows, err := tx.Query(ctx, `SELECT from_seq, coalesce(to_seq, $3) FROM membership_periods WHERE conv_id = $1 AND user_id = $2 ORDER BY from_seq`,
@@ -396,7 +432,7 @@ func readRanges(ctx context.Context, tx pgx.Tx, conv convRef, periods []Period, 
 		}
 		end := min(next.To, p.Head)
 		want := limit - len(p.Events)
-		rows, err := tx.Query(ctx, `SELECT seq, kind, sender, coalesce(cmid, ''), coalesce(body, ''::bytea), ts, recalled_by IS NOT NULL, coalesce(target, 0), users
+		rows, err := tx.Query(ctx, `SELECT seq, kind, sender, coalesce(cmid, ''), coalesce(body, ''::bytea), ts, recalled_by IS NOT NULL, coalesce(target, 0), users, mentions, coalesce(edited_ts, 0)
 			FROM events WHERE conv_key = $1 AND seq > $2 AND seq <= $3 ORDER BY seq LIMIT $4`, conv.key, pos, end, want)
 		if err != nil {
 			return err
@@ -405,7 +441,7 @@ func readRanges(ctx context.Context, tx pgx.Tx, conv convRef, periods []Period, 
 		gap := int64(0)
 		for rows.Next() {
 			e := Event{Conv: conv.id}
-			if err := rows.Scan(&e.Seq, &e.Kind, &e.Sender, &e.Cmid, &e.Body, &e.Ts, &e.Recalled, &e.Target, &e.Users); err != nil {
+			if err := rows.Scan(&e.Seq, &e.Kind, &e.Sender, &e.Cmid, &e.Body, &e.Ts, &e.Recalled, &e.Target, &e.Users, &e.Mentions, &e.Edited); err != nil {
 				rows.Close()
 				return err
 			}
@@ -466,4 +502,22 @@ func firstGap(ctx context.Context, tx pgx.Tx, conv convRef, from, to int64) (int
 func isDeadlock(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && (pgErr.Code == "40P01" || pgErr.Code == "40001")
+}
+
+// mentionsSQL is the stored mentions of a row u of the insert: the users
+// of u.mentions (a JSON array, or NULL) who are current members, in the
+// order given, or NULL when none remain.
+const mentionsSQL = `CASE WHEN u.mentions IS NOT NULL THEN nullif(ARRAY(
+		SELECT x.usr FROM jsonb_array_elements_text(u.mentions::jsonb) WITH ORDINALITY AS x(usr, i)
+		WHERE EXISTS (SELECT 1 FROM membership_periods mm WHERE mm.conv_id = u.conv AND mm.user_id = x.usr AND mm.to_seq IS NULL)
+		ORDER BY x.i), '{}') END`
+
+// mentionsJSON encodes mentions for the insert (nil when there are none).
+func mentionsJSON(mentions []string) *string {
+	if len(mentions) == 0 {
+		return nil
+	}
+	b, _ := json.Marshal(mentions)
+	s := string(b)
+	return &s
 }

@@ -79,6 +79,11 @@ func (s *Store) Recall(ctx context.Context, ch *MembershipChange, target, window
 		if _, err = tx.Exec(ctx, `UPDATE events SET recalled_by = $3, body = NULL WHERE conv_key = $1 AND seq = $2`, key, target, ch.Seq); err != nil {
 			return err
 		}
+		// Its edits (kind 5, above it) lose their bodies too.
+		if _, err = tx.Exec(ctx, `UPDATE events SET body = NULL WHERE conv_key = $1 AND seq > $2 AND kind = 5 AND target = $2 AND body IS NOT NULL`,
+			key, target); err != nil {
+			return err
+		}
 		if target <= dense {
 			if _, err = tx.Exec(ctx, `UPDATE own_msg_buckets SET n = n - 1
 				WHERE conv_id = $1 AND sender = $2 AND bucket = $3::bigint >> (SELECT bucket_bits FROM unread_settings)`,

@@ -64,44 +64,46 @@ const snapshotSQL = `WITH q AS (
 	SELECT d.conv, c.conv_key AS key, (SELECT coalesce(max(e.seq), 0) FROM events e WHERE e.conv_key = c.conv_key) AS head
 	FROM (SELECT DISTINCT conv FROM q) d JOIN conversations c ON c.conv_id = d.conv
 ), uc AS MATERIALIZED (
-	SELECT u.usr, u.conv, hd.key, hd.head, p.froms, p.tos, r.read, ur.unread
+	SELECT u.usr, u.conv, hd.key, hd.head, p.froms, p.tos, r.read, r.cleared, ur.unread
 	FROM (SELECT DISTINCT usr, conv FROM q) u
 	JOIN hd ON hd.conv = u.conv
-	CROSS JOIN LATERAL (SELECT array_agg(m.from_seq ORDER BY m.from_seq) AS froms,
+	CROSS JOIN LATERAL (SELECT coalesce(max(r.read_seq), 0) AS read, coalesce(max(r.cleared_seq), 0) AS cleared
+		FROM read_positions r WHERE r.user_id = u.usr AND r.conv_id = u.conv) r
+	-- periods as the user sees them: nothing at or below the cleared
+	-- position (a period wholly below it gets from > to: it holds nothing)
+	CROSS JOIN LATERAL (SELECT array_agg(greatest(m.from_seq, r.cleared + 1) ORDER BY m.from_seq) AS froms,
 			array_agg(coalesce(m.to_seq, 9223372036854775807) ORDER BY m.from_seq) AS tos
 		FROM membership_periods m WHERE m.user_id = u.usr AND m.conv_id = u.conv) p
-	CROSS JOIN LATERAL (SELECT coalesce((SELECT r.read_seq FROM read_positions r
-		WHERE r.user_id = u.usr AND r.conv_id = u.conv), 0) AS read) r
 	CROSS JOIN LATERAL parley_unread_of(u.conv, u.usr, r.read) ur
 	WHERE p.froms IS NOT NULL
 ), it AS MATERIALIZED (
-	SELECT q.k, q.usr, q.conv, uc.key, q.after, uc.head, uc.read, uc.unread, uc.froms, uc.tos
+	SELECT q.k, q.usr, q.conv, uc.key, q.after, uc.head, uc.read, uc.cleared, uc.unread, uc.froms, uc.tos
 	FROM q JOIN uc ON uc.usr = q.usr AND uc.conv = q.conv
 ), rg AS (
 	SELECT DISTINCT conv, key, after, head FROM it WHERE after >= 0 AND head > after AND head - after <= $4
 )
 SELECT 0 AS t, it.k, '' AS conv, 0::bigint AS after, it.head, it.read, it.unread,
 	CASE WHEN it.after >= 0 AND it.head - it.after > $4 THEN
-		(SELECT count(*) FROM events e WHERE e.conv_key = it.key AND e.seq > it.after AND e.kind <> 0
+		(SELECT count(*) FROM events e WHERE e.conv_key = it.key AND e.seq > greatest(it.after, it.cleared) AND e.kind <> 0
 			AND EXISTS (SELECT 1 FROM membership_periods m WHERE m.conv_id = it.conv AND m.user_id = it.usr
 				AND e.seq >= m.from_seq AND (m.to_seq IS NULL OR e.seq <= m.to_seq)))
 	ELSE 0 END AS total,
 	it.froms, it.tos,
 	0::bigint AS seq, 0::smallint AS kind, '' AS sender, '' AS cmid, ''::bytea AS body, 0::bigint AS ts,
-	false AS recalled, 0::bigint AS target, NULL::text[] AS users
+	false AS recalled, 0::bigint AS target, NULL::text[] AS users, 0::bigint AS edited
 FROM it
 UNION ALL
 SELECT 1, 0, rg.conv, rg.after, 0, 0, 0, 0, NULL, NULL,
 	e.seq, e.kind, e.sender, coalesce(e.cmid, ''), coalesce(e.body, ''::bytea), e.ts,
-	e.recalled_by IS NOT NULL, coalesce(e.target, 0), e.users
+	e.recalled_by IS NOT NULL, coalesce(e.target, 0), e.users, coalesce(e.edited_ts, 0)
 FROM rg JOIN events e ON e.conv_key = rg.key AND e.seq > rg.after AND e.seq <= rg.head
 UNION ALL
 SELECT 2, it.k, '', 0, 0, 0, 0, 0, NULL, NULL,
-	tl.seq, tl.kind, tl.sender, tl.cmid, tl.body, tl.ts, tl.recalled, tl.target, tl.users
+	tl.seq, tl.kind, tl.sender, tl.cmid, tl.body, tl.ts, tl.recalled, tl.target, tl.users, tl.edited
 FROM it CROSS JOIN LATERAL (
 	SELECT e.seq, e.kind, e.sender, coalesce(e.cmid, '') AS cmid, coalesce(e.body, ''::bytea) AS body, e.ts,
-		e.recalled_by IS NOT NULL AS recalled, coalesce(e.target, 0) AS target, e.users
-	FROM events e WHERE e.conv_key = it.key AND e.seq > it.after AND e.kind <> 0
+		e.recalled_by IS NOT NULL AS recalled, coalesce(e.target, 0) AS target, e.users, coalesce(e.edited_ts, 0) AS edited
+	FROM events e WHERE e.conv_key = it.key AND e.seq > greatest(it.after, it.cleared) AND e.kind <> 0
 		AND EXISTS (SELECT 1 FROM membership_periods m WHERE m.conv_id = it.conv AND m.user_id = it.usr
 			AND e.seq >= m.from_seq AND (m.to_seq IS NULL OR e.seq <= m.to_seq))
 	ORDER BY e.seq DESC LIMIT $5) tl
@@ -235,7 +237,7 @@ func (s *Store) snapshotRows(ctx context.Context, users, convs []string, afters 
 		var froms, tos []int64
 		var e Event
 		if err := rows.Scan(&t, &k, &key.conv, &key.after, &hdr.Head, &hdr.Read, &hdr.Unread, &hdr.Skipped, &froms, &tos,
-			&e.Seq, &e.Kind, &e.Sender, &e.Cmid, &e.Body, &e.Ts, &e.Recalled, &e.Target, &e.Users); err != nil {
+			&e.Seq, &e.Kind, &e.Sender, &e.Cmid, &e.Body, &e.Ts, &e.Recalled, &e.Target, &e.Users, &e.Edited); err != nil {
 			rows.Close()
 			return err
 		}

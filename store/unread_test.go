@@ -24,7 +24,9 @@ import (
 // at each end counted from its nearer end. This drives one conversation
 // through a random history at the store level, with buckets of 4 seqs so
 // it crosses hundreds of bucket boundaries: messages by three users,
-// recalls of messages below and above the watermark, holes, a leave and a
+// recalls of messages below and above the watermark, edits (events of
+// their own that never count), clears (which raise the read position),
+// holes, a leave and a
 // rejoin, seqs committed out of order (so the watermark lags), and the
 // watermark advanced at random moments. Throughout, it checks
 //   - the buckets: each holds exactly the sender's not-recalled messages of
@@ -63,6 +65,8 @@ func TestUnreadBucketsMatchDefinition(t *testing.T) {
 	var own []int64                                         // seqs of messages, for recalls
 	sender := map[int64]string{}
 	var parked []int64 // allocated seqs whose message is committed later
+	read, cleared := map[string]int64{}, map[string]int64{}
+	leftAt := map[string]int64{} // the seq of the leave that closed a user's last period
 	var log []string
 	fail := func(format string, args ...any) {
 		t.Helper()
@@ -165,7 +169,7 @@ func TestUnreadBucketsMatchDefinition(t *testing.T) {
 				t.Fatal(err)
 			}
 			log = append(log, "advance")
-		case p < 93 && len(own) > 0:
+		case p < 89 && len(own) > 0:
 			target := own[rng.Intn(len(own))]
 			who := sender[target]
 			if !member[who] {
@@ -179,6 +183,47 @@ func TestUnreadBucketsMatchDefinition(t *testing.T) {
 				log = append(log, fmt.Sprintf("recall %d (seq %d)", target, next))
 				next++
 			}
+		case p < 92 && len(own) > 0: // an edit takes a seq and changes no count
+			target := own[rng.Intn(len(own))]
+			who := sender[target]
+			if !member[who] {
+				continue
+			}
+			r, err := st.Edit(ctx, &store.MembershipChange{Conv: conv, Actor: who, Seq: next, Ts: next}, target, []byte(fmt.Sprint("e", next)), 1<<40)
+			switch {
+			case errors.Is(err, store.ErrNoMessage): // recalled: refused, no seq
+				log = append(log, fmt.Sprintf("edit %d refused (recalled)", target))
+			case err != nil || r.Again:
+				fail("edit %d by %s: %+v %v", target, who, r, err)
+			default:
+				log = append(log, fmt.Sprintf("edit %d (seq %d)", target, next))
+				next++
+			}
+		case p < 95: // a clear raises read to the cleared position; unread is counted above it
+			u := users[rng.Intn(len(users))]
+			var head int64 // the top seq may be parked: clear at or below the committed head
+			if err := pg.QueryRow(ctx, `SELECT coalesce(max(e.seq), 0) FROM events e JOIN conversations c ON c.conv_key = e.conv_key WHERE c.conv_id = $1`, conv).Scan(&head); err != nil {
+				t.Fatal(err)
+			}
+			seq := rng.Int63n(head + 1)
+			r, err := st.Clear(ctx, u, conv, seq)
+			if err != nil {
+				fail("clear by %s at %d: %v", u, seq, err)
+			}
+			lastTo := next - 1
+			if !member[u] {
+				lastTo = leftAt[u]
+			}
+			cleared[u] = max(cleared[u], min(seq, lastTo))
+			read[u] = max(read[u], cleared[u])
+			var want int64
+			if err := pg.QueryRow(ctx, parleytest.UnreadDefinitionSQL, u, conv, read[u]).Scan(&want); err != nil {
+				t.Fatal(err)
+			}
+			if r.Cleared != cleared[u] || r.Read != read[u] || r.Unread != want {
+				fail("clear by %s at %d: %+v; want cleared %d read %d unread %d", u, seq, r, cleared[u], read[u], want)
+			}
+			log = append(log, fmt.Sprintf("clear %s at %d", u, seq))
 		default: // ben or cy leaves, or comes back
 			u := users[1+rng.Intn(2)]
 			ch := &store.MembershipChange{Conv: conv, Seq: next, Ts: next}
@@ -194,6 +239,8 @@ func TestUnreadBucketsMatchDefinition(t *testing.T) {
 			member[u] = !member[u]
 			if member[u] {
 				joined[u] = next
+			} else {
+				leftAt[u] = next
 			}
 			log = append(log, fmt.Sprintf("%s member=%v at %d", u, member[u], next))
 			next++

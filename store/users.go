@@ -89,11 +89,12 @@ func (s *Store) DevicesByID(ctx context.Context, ids []string) ([]Device, error)
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Device, error) { return scanDevice(r) })
 }
 
-// Reinstall starts a new install of the device: install_epoch + 1 and its
-// delivery cursors deleted, in one transaction. Read positions (per user)
-// are untouched. It holds the device's cursor lock (see lockDevicesSQL),
-// so acks still in flight from the old install either are written before
-// this (and deleted by it) or see the new epoch.
+// Reinstall starts a new install of the device: install_epoch + 1, its
+// delivery cursors and its notification registration deleted, in one
+// transaction. Read positions (per user) are untouched. It holds the
+// device's cursor lock (see lockDevicesSQL), so acks still in flight from
+// the old install either are written before this (and deleted by it) or
+// see the new epoch.
 func (s *Store) Reinstall(ctx context.Context, id string) (int64, error) {
 	var epoch int64
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
@@ -107,7 +108,10 @@ func (s *Store) Reinstall(ctx context.Context, id string) (int64, error) {
 		if err != nil {
 			return err
 		}
-		_, err = tx.Exec(ctx, `DELETE FROM device_cursors WHERE device_id = $1`, id)
+		if _, err = tx.Exec(ctx, `DELETE FROM device_cursors WHERE device_id = $1`, id); err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `DELETE FROM notify_registrations WHERE device_id = $1`, id)
 		return err
 	})
 	return epoch, err

@@ -14,6 +14,10 @@
 #             postmaster with its backends all on core 0); default: only
 #             parleyd on core 0 (PostgreSQL and Redis float)
 #   SERVER_ENV extra environment for parleyd (e.g. "PARLEY_COMMIT_LINGER=1ms")
+#   TRANSPORT_A, TRANSPORT_B
+#             tcp (default) or ws: how that side's load connects (ws: to
+#             the server's ws_listen with -transport ws); with A=B the
+#             same build over both transports: A=HEAD B=HEAD TRANSPORT_B=ws
 #   OUT       results directory (default a new /tmp/parley-ab.XXXXXX)
 # The load tool always comes from the working tree and runs on core 1.
 set -euo pipefail
@@ -24,6 +28,8 @@ RUNS=${RUNS:-5}
 LOAD=${LOAD:-"direct -rate 10000 -duration 10s -warmup 3s -pairs 200"}
 ONECORE=${ONECORE:-0}
 SERVER_ENV=${SERVER_ENV:-}
+TRANSPORT_A=${TRANSPORT_A:-tcp}
+TRANSPORT_B=${TRANSPORT_B:-tcp}
 OUT=${OUT:-$(mktemp -d /tmp/parley-ab.XXXXXX)}
 mkdir -p "$OUT"
 echo "results in $OUT"
@@ -46,7 +52,7 @@ build() { # build REV DIR: parleyd of REV ("." = the working tree) into DIR
 build "$A" "$OUT/A"
 build "$B" "$OUT/B"
 go build -o "$OUT/parley-load" ./cmd/parley-load
-echo "A = $(cat "$OUT/A/rev"), B = $(cat "$OUT/B/rev"), load: $LOAD, one-core: $ONECORE" | tee "$OUT/what.txt"
+echo "A = $(cat "$OUT/A/rev") over $TRANSPORT_A, B = $(cat "$OUT/B/rev") over $TRANSPORT_B, load: $LOAD, one-core: $ONECORE" | tee "$OUT/what.txt"
 
 . "$(dirname "$0")/benchenv.sh"
 # The commit and PING probes run beside every run (docs/loadtest.md).
@@ -77,15 +83,19 @@ run() { # run SIDE N
   local dburl="${base%%\?*}"
   dburl="${dburl%/*}/$db?sslmode=disable"
   local port=$((20000 + RANDOM % 12000))
+  local transport=$TRANSPORT_A
+  [ "$side" = B ] && transport=$TRANSPORT_B
+  local addr=(-addr "127.0.0.1:$port")
+  [ "$transport" = ws ] && addr=(-transport ws -addr "127.0.0.1:$((port + 2))")
   prefix="ab$RANDOM:"
   # shellcheck disable=SC2086
   env PARLEY_POSTGRES_URL="$dburl" PARLEY_REDIS_URL="$redis_url" PARLEY_REDIS_PREFIX="$prefix" PARLEY_ADMIN_TOKEN=ab PARLEY_SEND_RATE=0 PARLEY_METRICS_LISTEN= \
-    PARLEY_LISTEN=127.0.0.1:$port PARLEY_ADMIN_LISTEN=127.0.0.1:$((port + 1)) $SERVER_ENV \
+    PARLEY_LISTEN=127.0.0.1:$port PARLEY_ADMIN_LISTEN=127.0.0.1:$((port + 1)) PARLEY_WS_LISTEN=127.0.0.1:$((port + 2)) $SERVER_ENV \
     taskset -c 0 "$OUT/$side/parleyd" > "$OUT/${side}_$n.log" 2>&1 &
   pid=$!
   for _ in $(seq 100); do grep -q "parleyd ready" "$OUT/${side}_$n.log" && break; sleep 0.1; done
   # shellcheck disable=SC2086
-  taskset -c 1 "$OUT/parley-load" $LOAD -addr 127.0.0.1:$port -admin http://127.0.0.1:$((port + 1)) -token ab \
+  taskset -c 1 "$OUT/parley-load" $LOAD "${addr[@]}" -admin http://127.0.0.1:$((port + 1)) -token ab \
     -server-pid "$pid" -cpu "$cpu" $probes -json "$OUT/${side}_$n.json" > "$OUT/${side}_$n.txt" 2>&1 || true
   cleanup
   if [ "$ONECORE" = 1 ]; then pin_backends 0; fi

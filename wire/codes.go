@@ -23,6 +23,8 @@ const (
 	Exists          Code = "EXISTS"          // the id is taken
 	NotSender       Code = "NOT_SENDER"      // only the sender may recall
 	RecallWindow    Code = "RECALL_WINDOW"   // too late to recall
+	EditWindow      Code = "EDIT_WINDOW"     // too late to edit
+	Forbidden       Code = "FORBIDDEN"       // not allowed here (e.g. receipts outside the push tier)
 	RateLimited     Code = "RATE_LIMITED"    // slow down; see RetryAfterMs
 	Unavailable     Code = "UNAVAILABLE"     // a backend is down; nothing was committed
 	Internal        Code = "INTERNAL"        // a server bug
@@ -34,7 +36,7 @@ const (
 var Codes = []Code{
 	BadFrame, TooLarge, BadRequest, Unauthenticated, AuthFailed, NotMember,
 	CursorAhead, StaleInstall, NotFound, Exists, NotSender, RecallWindow,
-	RateLimited, Unavailable, Internal, TokenExpired, Suspended,
+	EditWindow, Forbidden, RateLimited, Unavailable, Internal, TokenExpired, Suspended,
 }
 
 // Valid reports whether c is one of the protocol's error codes.

@@ -6,63 +6,70 @@ import "fmt"
 // of the fields of every reply and push type. T tells which fields are
 // meaningful; absent fields are zero.
 type Message struct {
-	T            string   `msgpack:"t"`
-	Rid          string   `msgpack:"rid,omitempty"`
-	User         string   `msgpack:"user,omitempty"`
-	Device       string   `msgpack:"device,omitempty"`
-	InstallEpoch int64    `msgpack:"install_epoch,omitempty"`
-	Ts           int64    `msgpack:"ts,omitempty"`
-	Conv         string   `msgpack:"conv,omitempty"`
-	Head         int64    `msgpack:"head,omitempty"`
-	Cmid         string   `msgpack:"cmid,omitempty"`
-	Seq          int64    `msgpack:"seq,omitempty"`
-	Dup          bool     `msgpack:"dup,omitempty"`
-	Epoch        int64    `msgpack:"epoch,omitempty"`
-	MinSeq       int64    `msgpack:"min_seq,omitempty"`
-	Upto         int64    `msgpack:"upto,omitempty"`
-	More         bool     `msgpack:"more,omitempty"`
-	Events       []Event  `msgpack:"events,omitempty"`
-	Delivered    int64    `msgpack:"delivered,omitempty"`
-	Read         int64    `msgpack:"read,omitempty"`
-	Unread       int64    `msgpack:"unread,omitempty"`
-	Items        []Item   `msgpack:"items,omitempty"`
-	Cursor       string   `msgpack:"cursor,omitempty"`
-	Target       int64    `msgpack:"target,omitempty"`
-	Kind         string   `msgpack:"kind,omitempty"`
-	Sender       string   `msgpack:"sender,omitempty"`
-	Body         []byte   `msgpack:"body,omitempty"`
-	Users        []string `msgpack:"users,omitempty"`
-	Reason       string   `msgpack:"reason,omitempty"`
-	Code         Code     `msgpack:"code,omitempty"`
-	Msg          string   `msgpack:"msg,omitempty"`
-	RetryAfterMs int64    `msgpack:"retry_after_ms,omitempty"`
-	ExpiresAt    int64    `msgpack:"expires_at,omitempty"`
+	T               string     `msgpack:"t"`
+	Rid             string     `msgpack:"rid,omitempty"`
+	User            string     `msgpack:"user,omitempty"`
+	Device          string     `msgpack:"device,omitempty"`
+	InstallEpoch    int64      `msgpack:"install_epoch,omitempty"`
+	Ts              int64      `msgpack:"ts,omitempty"`
+	Conv            string     `msgpack:"conv,omitempty"`
+	Head            int64      `msgpack:"head,omitempty"`
+	Cmid            string     `msgpack:"cmid,omitempty"`
+	Seq             int64      `msgpack:"seq,omitempty"`
+	Dup             bool       `msgpack:"dup,omitempty"`
+	Epoch           int64      `msgpack:"epoch,omitempty"`
+	MinSeq          int64      `msgpack:"min_seq,omitempty"`
+	Upto            int64      `msgpack:"upto,omitempty"`
+	More            bool       `msgpack:"more,omitempty"`
+	Events          []Event    `msgpack:"events,omitempty"`
+	Delivered       int64      `msgpack:"delivered,omitempty"`
+	Read            int64      `msgpack:"read,omitempty"`
+	Unread          int64      `msgpack:"unread,omitempty"`
+	Cleared         int64      `msgpack:"cleared,omitempty"`
+	Reads           []UserRead `msgpack:"reads,omitempty"`
+	ReceiptsPrivate bool       `msgpack:"receipts_private,omitempty"`
+	Items           []Item     `msgpack:"items,omitempty"`
+	Cursor          string     `msgpack:"cursor,omitempty"`
+	Target          int64      `msgpack:"target,omitempty"`
+	Kind            string     `msgpack:"kind,omitempty"`
+	Sender          string     `msgpack:"sender,omitempty"`
+	Body            []byte     `msgpack:"body,omitempty"`
+	Users           []string   `msgpack:"users,omitempty"`
+	Mentions        []string   `msgpack:"mentions,omitempty"`
+	MutedUntil      int64      `msgpack:"muted_until,omitempty"`
+	Reason          string     `msgpack:"reason,omitempty"`
+	Code            Code       `msgpack:"code,omitempty"`
+	Msg             string     `msgpack:"msg,omitempty"`
+	RetryAfterMs    int64      `msgpack:"retry_after_ms,omitempty"`
+	ExpiresAt       int64      `msgpack:"expires_at,omitempty"`
 }
 
 // Item is one element of convs_ok.items or snapshot_ok.items: the union of
 // ConvItem and SnapshotItem.
 type Item struct {
-	Conv      string  `msgpack:"conv"`
-	Kind      string  `msgpack:"kind,omitempty"`
-	Title     string  `msgpack:"title,omitempty"`
-	Mode      string  `msgpack:"mode,omitempty"`
-	Epoch     int64   `msgpack:"epoch,omitempty"`
-	Head      int64   `msgpack:"head"`
-	MinSeq    int64   `msgpack:"min_seq,omitempty"`
-	Delivered int64   `msgpack:"delivered,omitempty"`
-	Read      int64   `msgpack:"read"`
-	Unread    int64   `msgpack:"unread"`
-	LastTs    int64   `msgpack:"last_ts,omitempty"`
-	Events    []Event `msgpack:"events,omitempty"`
-	Skipped   int64   `msgpack:"skipped,omitempty"`
-	Error     string  `msgpack:"error,omitempty"`
+	Conv       string  `msgpack:"conv"`
+	Kind       string  `msgpack:"kind,omitempty"`
+	Title      string  `msgpack:"title,omitempty"`
+	Mode       string  `msgpack:"mode,omitempty"`
+	Epoch      int64   `msgpack:"epoch,omitempty"`
+	Head       int64   `msgpack:"head"`
+	MinSeq     int64   `msgpack:"min_seq,omitempty"`
+	Delivered  int64   `msgpack:"delivered,omitempty"`
+	Read       int64   `msgpack:"read"`
+	Cleared    int64   `msgpack:"cleared,omitempty"`
+	Unread     int64   `msgpack:"unread"`
+	LastTs     int64   `msgpack:"last_ts,omitempty"`
+	MutedUntil int64   `msgpack:"muted_until,omitempty"`
+	Events     []Event `msgpack:"events,omitempty"`
+	Skipped    int64   `msgpack:"skipped,omitempty"`
+	Error      string  `msgpack:"error,omitempty"`
 }
 
 // ConvItem returns the convs_ok view of it.
 func (it *Item) ConvItem() ConvItem {
 	return ConvItem{Conv: it.Conv, Kind: it.Kind, Title: it.Title, Mode: it.Mode,
 		Epoch: it.Epoch, Head: it.Head, MinSeq: it.MinSeq, Delivered: it.Delivered,
-		Read: it.Read, Unread: it.Unread, LastTs: it.LastTs}
+		Read: it.Read, Cleared: it.Cleared, Unread: it.Unread, LastTs: it.LastTs, MutedUntil: it.MutedUntil}
 }
 
 // SnapshotItem returns the snapshot_ok view of it.
@@ -82,7 +89,7 @@ func (m *Message) Err() *Error {
 // Event returns the event a `push` frame carries.
 func (m *Message) Event() Event {
 	return Event{Seq: m.Seq, Kind: m.Kind, Sender: m.Sender, Body: m.Body, Ts: m.Ts,
-		Cmid: m.Cmid, Target: m.Target, Users: m.Users}
+		Cmid: m.Cmid, Target: m.Target, Users: m.Users, Mentions: m.Mentions}
 }
 
 // DecodeMessage decodes one server→client frame body (without the length
@@ -262,6 +269,10 @@ func (r *reader) event(depth int, ev *Event) *Error {
 			return r.getInt("target", &ev.Target)
 		case "users":
 			return r.getStrs("users", &ev.Users)
+		case "mentions":
+			return r.getStrs("mentions", &ev.Mentions)
+		case "edited":
+			return r.getInt("edited", &ev.Edited)
 		}
 		return r.skip(depth + 1)
 	})
@@ -290,8 +301,12 @@ func (r *reader) item(depth int, it *Item) *Error {
 			return r.getInt("read", &it.Read)
 		case "unread":
 			return r.getInt("unread", &it.Unread)
+		case "cleared":
+			return r.getInt("cleared", &it.Cleared)
 		case "last_ts":
 			return r.getInt("last_ts", &it.LastTs)
+		case "muted_until":
+			return r.getInt("muted_until", &it.MutedUntil)
 		case "events":
 			return r.getEvents("events", depth+1, &it.Events)
 		case "skipped":
@@ -355,6 +370,36 @@ func (m *Message) decode(r *reader) *Error {
 			return r.getInt("read", &m.Read)
 		case "unread":
 			return r.getInt("unread", &m.Unread)
+		case "cleared":
+			return r.getInt("cleared", &m.Cleared)
+		case "receipts_private":
+			return r.getBool("receipts_private", &m.ReceiptsPrivate)
+		case "reads":
+			if cl := r.peek(); cl != clArray {
+				return badField("reads", cl)
+			}
+			n, err := r.arrayLen()
+			if err != nil {
+				return err
+			}
+			out := make([]UserRead, 0, min(n, prealloc))
+			for i := 0; i < n; i++ {
+				var ur UserRead
+				if err := r.mapKeys("reads item", depth+2, func(k []byte) *Error {
+					switch string(k) {
+					case "user":
+						return r.getStr("user", &ur.User)
+					case "read":
+						return r.getInt("read", &ur.Read)
+					}
+					return r.skip(depth + 3)
+				}); err != nil {
+					return err
+				}
+				out = append(out, ur)
+			}
+			m.Reads = out
+			return nil
 		case "items":
 			if cl := r.peek(); cl != clArray {
 				return badField("items", cl)
@@ -384,6 +429,10 @@ func (m *Message) decode(r *reader) *Error {
 			return r.getBytes("body", &m.Body)
 		case "users":
 			return r.getStrs("users", &m.Users)
+		case "mentions":
+			return r.getStrs("mentions", &m.Mentions)
+		case "muted_until":
+			return r.getInt("muted_until", &m.MutedUntil)
 		case "reason":
 			return r.getStr("reason", &m.Reason)
 		case "code":
@@ -426,6 +475,18 @@ func messageType(p []byte) string {
 		return TSnapshotOK
 	case TRecallOK:
 		return TRecallOK
+	case TEditOK:
+		return TEditOK
+	case TClearOK:
+		return TClearOK
+	case TReceiptsOK:
+		return TReceiptsOK
+	case TSettingsOK:
+		return TSettingsOK
+	case TTyping:
+		return TTyping
+	case TReceipt:
+		return TReceipt
 	case TRefreshOK:
 		return TRefreshOK
 	case TPush:

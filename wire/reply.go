@@ -17,7 +17,16 @@ const (
 	TConvs      = "convs"
 	TSnapshot   = "snapshot"
 	TRecall     = "recall"
-	TRefresh    = "refresh"
+	TEdit       = "edit"
+	TClear      = "clear"
+	TTyping     = "typing" // also the relayed push
+	TReceipts   = "receipts"
+	TSettings   = "settings"
+
+	TNotifyRegister   = "notify_register"
+	TNotifyUnregister = "notify_unregister"
+	TConvSettings     = "conv_settings"
+	TRefresh          = "refresh"
 
 	// server → client replies
 	TAuthOK       = "auth_ok"
@@ -31,12 +40,17 @@ const (
 	TConvsOK      = "convs_ok"
 	TSnapshotOK   = "snapshot_ok"
 	TRecallOK     = "recall_ok"
+	TEditOK       = "edit_ok"
+	TClearOK      = "clear_ok"
+	TReceiptsOK   = "receipts_ok"
+	TSettingsOK   = "settings_ok"
 	TRefreshOK    = "refresh_ok"
 
 	// server → client pushes
 	TPush        = "push"
 	THint        = "hint"
 	TReadChanged = "read_changed"
+	TReceipt     = "receipt"
 	TKick        = "kick"
 	TError       = "error"
 )
@@ -47,6 +61,7 @@ const (
 	KindJoin   = "join"
 	KindLeave  = "leave"
 	KindRecall = "recall"
+	KindEdit   = "edit"
 )
 
 // Conversation kinds (conv_create.kind).
@@ -220,12 +235,16 @@ type Event struct {
 	Recalled bool     `msgpack:"recalled,omitempty"`
 	Target   int64    `msgpack:"target,omitempty"`
 	Users    []string `msgpack:"users,omitempty"`
+	Mentions []string `msgpack:"mentions,omitempty"`
+	// Edited is the ts of the message's newest edit (msg only; Body is
+	// then the edited body).
+	Edited int64 `msgpack:"edited,omitempty"`
 }
 
 func (ev Event) appendMsgpack(b []byte) []byte { return ev.appendTo(b) }
 
 func (ev *Event) appendTo(b []byte) []byte {
-	b = appendMapLen(b, 5+count(ev.Cmid != "", ev.Recalled, ev.Target != 0, len(ev.Users) > 0))
+	b = appendMapLen(b, 5+count(ev.Cmid != "", ev.Recalled, ev.Target != 0, len(ev.Users) > 0, len(ev.Mentions) > 0, ev.Edited != 0))
 	b = kvInt(b, "seq", ev.Seq)
 	b = kvStr(b, "kind", ev.Kind)
 	b = kvStr(b, "sender", ev.Sender)
@@ -242,6 +261,12 @@ func (ev *Event) appendTo(b []byte) []byte {
 	}
 	if len(ev.Users) > 0 {
 		b = kvStrs(b, "users", ev.Users)
+	}
+	if len(ev.Mentions) > 0 {
+		b = kvStrs(b, "mentions", ev.Mentions)
+	}
+	if ev.Edited != 0 {
+		b = kvInt(b, "edited", ev.Edited)
 	}
 	return b
 }
@@ -340,14 +365,18 @@ type ConvItem struct {
 	MinSeq    int64  `msgpack:"min_seq"`
 	Delivered int64  `msgpack:"delivered"`
 	Read      int64  `msgpack:"read"`
+	Cleared   int64  `msgpack:"cleared"`
 	Unread    int64  `msgpack:"unread"`
 	LastTs    int64  `msgpack:"last_ts"`
+	// MutedUntil: the user's mute of the conversation (Unix ms; 0: not
+	// muted), always written.
+	MutedUntil int64 `msgpack:"muted_until"`
 }
 
 func (it ConvItem) appendMsgpack(b []byte) []byte { return it.appendTo(b) }
 
 func (it *ConvItem) appendTo(b []byte) []byte {
-	b = appendMapLen(b, 10+count(it.Title != ""))
+	b = appendMapLen(b, 12+count(it.Title != ""))
 	b = kvStr(b, "conv", it.Conv)
 	b = kvStr(b, "kind", it.Kind)
 	if it.Title != "" {
@@ -359,8 +388,10 @@ func (it *ConvItem) appendTo(b []byte) []byte {
 	b = kvInt(b, "min_seq", it.MinSeq)
 	b = kvInt(b, "delivered", it.Delivered)
 	b = kvInt(b, "read", it.Read)
+	b = kvInt(b, "cleared", it.Cleared)
 	b = kvInt(b, "unread", it.Unread)
-	return kvInt(b, "last_ts", it.LastTs)
+	b = kvInt(b, "last_ts", it.LastTs)
+	return kvInt(b, "muted_until", it.MutedUntil)
 }
 
 // EncodeMsgpack implements msgpack.CustomEncoder.
@@ -471,36 +502,169 @@ func (r RecallOK) appendMsgpack(b []byte) []byte {
 // EncodeMsgpack implements msgpack.CustomEncoder.
 func (r RecallOK) EncodeMsgpack(e *msgpack.Encoder) error { return encodeCustom(e, r) }
 
+// EditOK answers edit: Seq is the edit event's seq, Target the edited
+// message's.
+type EditOK struct {
+	T      string `msgpack:"t"`
+	Rid    string `msgpack:"rid"`
+	Conv   string `msgpack:"conv"`
+	Seq    int64  `msgpack:"seq"`
+	Target int64  `msgpack:"target"`
+}
+
+func (r EditOK) appendMsgpack(b []byte) []byte {
+	b = appendMapLen(b, 5)
+	b = kvStr(b, "t", orT(r.T, TEditOK))
+	b = kvStr(b, "rid", r.Rid)
+	b = kvStr(b, "conv", r.Conv)
+	b = kvInt(b, "seq", r.Seq)
+	return kvInt(b, "target", r.Target)
+}
+
+// EncodeMsgpack implements msgpack.CustomEncoder.
+func (r EditOK) EncodeMsgpack(e *msgpack.Encoder) error { return encodeCustom(e, r) }
+
+// ClearOK answers clear: the user's merged cleared and read positions and
+// unread count.
+type ClearOK struct {
+	T       string `msgpack:"t"`
+	Rid     string `msgpack:"rid"`
+	Conv    string `msgpack:"conv"`
+	Cleared int64  `msgpack:"cleared"`
+	Read    int64  `msgpack:"read"`
+	Unread  int64  `msgpack:"unread"`
+}
+
+func (r ClearOK) appendMsgpack(b []byte) []byte {
+	b = appendMapLen(b, 6)
+	b = kvStr(b, "t", orT(r.T, TClearOK))
+	b = kvStr(b, "rid", r.Rid)
+	b = kvStr(b, "conv", r.Conv)
+	b = kvInt(b, "cleared", r.Cleared)
+	b = kvInt(b, "read", r.Read)
+	return kvInt(b, "unread", r.Unread)
+}
+
+// EncodeMsgpack implements msgpack.CustomEncoder.
+func (r ClearOK) EncodeMsgpack(e *msgpack.Encoder) error { return encodeCustom(e, r) }
+
+// Typing tells a device that user is typing in conv (relayed, never
+// stored).
+type Typing struct {
+	T    string `msgpack:"t"`
+	Conv string `msgpack:"conv"`
+	User string `msgpack:"user"`
+}
+
+func (r Typing) appendMsgpack(b []byte) []byte {
+	b = appendMapLen(b, 3)
+	b = kvStr(b, "t", orT(r.T, TTyping))
+	b = kvStr(b, "conv", r.Conv)
+	return kvStr(b, "user", r.User)
+}
+
+// EncodeMsgpack implements msgpack.CustomEncoder.
+func (r Typing) EncodeMsgpack(e *msgpack.Encoder) error { return encodeCustom(e, r) }
+
+// UserRead is one member's read position (receipts_ok.reads).
+type UserRead struct {
+	User string `msgpack:"user"`
+	Read int64  `msgpack:"read"`
+}
+
+// ReceiptsOK answers receipts: the current members' read positions (those
+// of users with private receipts left out). Reads is always written.
+type ReceiptsOK struct {
+	T     string     `msgpack:"t"`
+	Rid   string     `msgpack:"rid"`
+	Conv  string     `msgpack:"conv"`
+	Reads []UserRead `msgpack:"reads"`
+}
+
+func (r ReceiptsOK) appendMsgpack(b []byte) []byte {
+	b = appendMapLen(b, 4)
+	b = kvStr(b, "t", orT(r.T, TReceiptsOK))
+	b = kvStr(b, "rid", r.Rid)
+	b = kvStr(b, "conv", r.Conv)
+	b = appendArrayLen(appendStr(b, "reads"), len(r.Reads))
+	for _, u := range r.Reads {
+		b = appendMapLen(b, 2)
+		b = kvStr(b, "user", u.User)
+		b = kvInt(b, "read", u.Read)
+	}
+	return b
+}
+
+// EncodeMsgpack implements msgpack.CustomEncoder.
+func (r ReceiptsOK) EncodeMsgpack(e *msgpack.Encoder) error { return encodeCustom(e, r) }
+
+// SettingsOK answers settings with the user's settings after it.
+type SettingsOK struct {
+	T               string `msgpack:"t"`
+	Rid             string `msgpack:"rid"`
+	ReceiptsPrivate bool   `msgpack:"receipts_private"`
+}
+
+func (r SettingsOK) appendMsgpack(b []byte) []byte {
+	b = appendMapLen(b, 3)
+	b = kvStr(b, "t", orT(r.T, TSettingsOK))
+	b = kvStr(b, "rid", r.Rid)
+	return kvBool(b, "receipts_private", r.ReceiptsPrivate)
+}
+
+// EncodeMsgpack implements msgpack.CustomEncoder.
+func (r SettingsOK) EncodeMsgpack(e *msgpack.Encoder) error { return encodeCustom(e, r) }
+
+// Receipt tells a device that user's read position in conv advanced.
+type Receipt struct {
+	T    string `msgpack:"t"`
+	Conv string `msgpack:"conv"`
+	User string `msgpack:"user"`
+	Read int64  `msgpack:"read"`
+}
+
+func (r Receipt) appendMsgpack(b []byte) []byte {
+	b = appendMapLen(b, 4)
+	b = kvStr(b, "t", orT(r.T, TReceipt))
+	b = kvStr(b, "conv", r.Conv)
+	b = kvStr(b, "user", r.User)
+	return kvInt(b, "read", r.Read)
+}
+
+// EncodeMsgpack implements msgpack.CustomEncoder.
+func (r Receipt) EncodeMsgpack(e *msgpack.Encoder) error { return encodeCustom(e, r) }
+
 // Push carries one new event to a device (no rid).
 type Push struct {
-	T      string   `msgpack:"t"`
-	Conv   string   `msgpack:"conv"`
-	Seq    int64    `msgpack:"seq"`
-	Kind   string   `msgpack:"kind"`
-	Sender string   `msgpack:"sender"`
-	Body   []byte   `msgpack:"body"`
-	Ts     int64    `msgpack:"ts"`
-	Cmid   string   `msgpack:"cmid,omitempty"`
-	Target int64    `msgpack:"target,omitempty"`
-	Users  []string `msgpack:"users,omitempty"`
+	T        string   `msgpack:"t"`
+	Conv     string   `msgpack:"conv"`
+	Seq      int64    `msgpack:"seq"`
+	Kind     string   `msgpack:"kind"`
+	Sender   string   `msgpack:"sender"`
+	Body     []byte   `msgpack:"body"`
+	Ts       int64    `msgpack:"ts"`
+	Cmid     string   `msgpack:"cmid,omitempty"`
+	Target   int64    `msgpack:"target,omitempty"`
+	Users    []string `msgpack:"users,omitempty"`
+	Mentions []string `msgpack:"mentions,omitempty"`
 }
 
 // PushOf returns the push frame for event ev of conversation conv.
 func PushOf(conv string, ev *Event) Push {
 	return Push{T: TPush, Conv: conv, Seq: ev.Seq, Kind: ev.Kind, Sender: ev.Sender,
-		Body: ev.Body, Ts: ev.Ts, Cmid: ev.Cmid, Target: ev.Target, Users: ev.Users}
+		Body: ev.Body, Ts: ev.Ts, Cmid: ev.Cmid, Target: ev.Target, Users: ev.Users, Mentions: ev.Mentions}
 }
 
 // Event returns the event a push carries.
 func (r *Push) Event() Event {
 	return Event{Seq: r.Seq, Kind: r.Kind, Sender: r.Sender, Body: r.Body, Ts: r.Ts,
-		Cmid: r.Cmid, Target: r.Target, Users: r.Users}
+		Cmid: r.Cmid, Target: r.Target, Users: r.Users, Mentions: r.Mentions}
 }
 
 func (r Push) appendMsgpack(b []byte) []byte { return r.appendTo(b) }
 
 func (r *Push) appendTo(b []byte) []byte {
-	b = appendMapLen(b, 7+count(r.Cmid != "", r.Target != 0, len(r.Users) > 0))
+	b = appendMapLen(b, 7+count(r.Cmid != "", r.Target != 0, len(r.Users) > 0, len(r.Mentions) > 0))
 	b = kvStr(b, "t", orT(r.T, TPush))
 	b = kvStr(b, "conv", r.Conv)
 	b = kvInt(b, "seq", r.Seq)
@@ -516,6 +680,9 @@ func (r *Push) appendTo(b []byte) []byte {
 	}
 	if len(r.Users) > 0 {
 		b = kvStrs(b, "users", r.Users)
+	}
+	if len(r.Mentions) > 0 {
+		b = kvStrs(b, "mentions", r.Mentions)
 	}
 	return b
 }

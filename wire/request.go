@@ -11,23 +11,28 @@ import (
 // are zero; Has tells which keys were present (a key whose value is msgpack
 // nil counts as absent).
 type Request struct {
-	T, Rid        string
-	Device, Token string // auth with a static device token
-	JWT           string // auth with a JSON Web Token, refresh
-	Conv          string
-	Cmid          string
-	Kind          string // conv_create: "group" or "direct"
-	Title         string
-	Cursor        string
-	Body          []byte // owns its memory (copied out of the input)
-	Seq           int64
-	After         int64
-	Limit         int64
-	Members       []string    // conv_create
-	Users         []string    // members_add
-	Convs         []ConvAfter // snapshot
-	MentionAll    bool
-	Has           Field // bit set of keys present
+	T, Rid          string
+	Device, Token   string // auth with a static device token
+	JWT             string // auth with a JSON Web Token, refresh
+	Conv            string
+	Cmid            string
+	Kind            string // conv_create: "group" or "direct"
+	Title           string
+	Cursor          string
+	Body            []byte // owns its memory (copied out of the input)
+	Seq             int64
+	After           int64
+	Limit           int64
+	Members         []string    // conv_create
+	Users           []string    // members_add
+	Convs           []ConvAfter // snapshot
+	MentionAll      bool
+	Mentions        []string // send
+	Provider        string   // notify_register
+	Sandbox         bool     // notify_register
+	MutedUntil      int64    // conv_settings
+	ReceiptsPrivate bool     // settings
+	Has             Field    // bit set of keys present
 }
 
 // ConvAfter is one element of snapshot.convs.
@@ -57,12 +62,19 @@ const (
 	FUsers
 	FConvs
 	FMentionAll
+	FMentions
+	FProvider
+	FSandbox
+	FMutedUntil
+	FReceiptsPrivate
 	FJWT
 )
 
 var fieldNames = [...]string{
 	"rid", "device", "token", "conv", "cmid", "kind", "title", "cursor",
 	"body", "seq", "after", "limit", "members", "users", "convs", "mention_all",
+	"mentions", "provider", "sandbox", "muted_until",
+	"receipts_private",
 	"jwt",
 }
 
@@ -104,15 +116,27 @@ func specOf(t string) (fieldSpec, bool) {
 	case TLeave:
 		return fieldSpec{FConv, FRid}, true
 	case TSend:
-		return fieldSpec{FConv | FCmid | FBody, FRid | FMentionAll}, true
+		return fieldSpec{FConv | FCmid | FBody, FRid | FMentionAll | FMentions}, true
 	case TSync:
 		return fieldSpec{FConv | FAfter, FRid | FLimit}, true
-	case TAck, TRead, TRecall:
+	case TAck, TRead, TRecall, TClear:
 		return fieldSpec{FConv | FSeq, FRid}, true
+	case TEdit:
+		return fieldSpec{FConv | FSeq | FBody, FRid}, true
+	case TTyping, TReceipts:
+		return fieldSpec{FConv, FRid}, true
+	case TSettings:
+		return fieldSpec{FReceiptsPrivate, FRid}, true
 	case TConvs:
 		return fieldSpec{0, FRid | FLimit | FCursor}, true
 	case TSnapshot:
 		return fieldSpec{FConvs, FRid}, true
+	case TNotifyRegister:
+		return fieldSpec{FProvider | FToken, FRid | FSandbox}, true
+	case TNotifyUnregister:
+		return fieldSpec{0, FRid}, true
+	case TConvSettings:
+		return fieldSpec{FConv | FMutedUntil, FRid}, true
 	}
 	return fieldSpec{}, false
 }
@@ -145,6 +169,22 @@ func requestType(name []byte) string {
 		return TSnapshot
 	case TRecall:
 		return TRecall
+	case TNotifyRegister:
+		return TNotifyRegister
+	case TNotifyUnregister:
+		return TNotifyUnregister
+	case TConvSettings:
+		return TConvSettings
+	case TEdit:
+		return TEdit
+	case TClear:
+		return TClear
+	case TTyping:
+		return TTyping
+	case TReceipts:
+		return TReceipts
+	case TSettings:
+		return TSettings
 	case TRefresh:
 		return TRefresh
 	}
@@ -169,7 +209,8 @@ func wrongType(field string, cl uint8) *Error {
 //     seq/after/limit, a missing or empty required field (auth: device, token;
 //     conv_create: kind ("group"|"direct"), members; members_add: conv, users;
 //     leave: conv; send: conv, cmid, body; sync: conv, after; ack, read,
-//     recall: conv, seq; snapshot: convs with a conv and an after in every
+//     recall, clear: conv, seq; edit: conv, seq, body; typing, receipts:
+//     conv; settings: receipts_private; snapshot: convs with a conv and an after in every
 //     element). Msg names the field.
 //
 // On error the returned Request carries T (when it is a valid type) and Rid
@@ -305,6 +346,21 @@ func (q *Request) decode(b []byte) *Error {
 		if q.Cmid == "" {
 			return &Error{Code: BadRequest, Msg: "cmid: empty"}
 		}
+		if len(q.Mentions) > MaxMentions {
+			return &Error{Code: BadRequest, Msg: fmt.Sprintf("mentions: more than %d users", MaxMentions)}
+		}
+	case TNotifyRegister:
+		switch q.Provider {
+		case ProviderAPNs, ProviderFCM, ProviderWebhook:
+		default:
+			return &Error{Code: BadRequest, Msg: fmt.Sprintf("provider: unknown provider %.40q (apns, fcm or webhook)", q.Provider)}
+		}
+		if q.Token == "" {
+			return &Error{Code: BadRequest, Msg: "token: empty"}
+		}
+		if len(q.Token) > MaxNotifyToken {
+			return &Error{Code: BadRequest, Msg: fmt.Sprintf("token: longer than %d bytes", MaxNotifyToken)}
+		}
 	}
 	if spec.req&FConv != 0 && q.Conv == "" {
 		return &Error{Code: BadRequest, Msg: "conv: empty"}
@@ -375,13 +431,17 @@ func (q *Request) field(r *reader, key []byte, cl uint8) *Error {
 	case "convs":
 		return q.convs(r, cl)
 	case "mention_all":
-		if cl != clBool {
-			return wrongType("mention_all", cl)
-		}
-		q.MentionAll = r.b[r.off] == 0xc3
-		r.off++
-		q.Has |= FMentionAll
-		return nil
+		return q.boolean(r, cl, FMentionAll, &q.MentionAll)
+	case "mentions":
+		return q.strs(r, cl, FMentions, &q.Mentions)
+	case "provider":
+		return q.str(r, cl, FProvider, &q.Provider)
+	case "sandbox":
+		return q.boolean(r, cl, FSandbox, &q.Sandbox)
+	case "muted_until":
+		return q.nonNeg(r, cl, FMutedUntil, &q.MutedUntil)
+	case "receipts_private":
+		return q.boolean(r, cl, FReceiptsPrivate, &q.ReceiptsPrivate)
 	}
 	return r.skip(2)
 }
@@ -397,6 +457,16 @@ func (q *Request) str(r *reader, cl uint8, f Field, dst *string) *Error {
 		return err
 	}
 	*dst = string(p)
+	q.Has |= f
+	return nil
+}
+
+func (q *Request) boolean(r *reader, cl uint8, f Field, dst *bool) *Error {
+	if cl != clBool {
+		return wrongType(fieldName(f), cl)
+	}
+	*dst = r.b[r.off] == 0xc3
+	r.off++
 	q.Has |= f
 	return nil
 }
@@ -543,6 +613,11 @@ func (q *Request) present() Field {
 	set(q.Users != nil, FUsers)
 	set(q.Convs != nil, FConvs)
 	set(q.MentionAll, FMentionAll)
+	set(q.Mentions != nil, FMentions)
+	set(q.Provider != "", FProvider)
+	set(q.Sandbox, FSandbox)
+	set(q.MutedUntil != 0, FMutedUntil)
+	set(q.ReceiptsPrivate, FReceiptsPrivate)
 	set(q.JWT != "", FJWT)
 	return f
 }
@@ -605,6 +680,16 @@ func (q Request) appendMsgpack(b []byte) []byte {
 			}
 		case FMentionAll:
 			b = appendBool(b, q.MentionAll)
+		case FMentions:
+			b = appendStrs(b, q.Mentions)
+		case FProvider:
+			b = appendStr(b, q.Provider)
+		case FSandbox:
+			b = appendBool(b, q.Sandbox)
+		case FMutedUntil:
+			b = appendInt(b, q.MutedUntil)
+		case FReceiptsPrivate:
+			b = appendBool(b, q.ReceiptsPrivate)
 		case FJWT:
 			b = appendStr(b, q.JWT)
 		}

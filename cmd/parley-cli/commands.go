@@ -86,6 +86,13 @@ func init() {
 		{"read", "[CONV] [SEQ]", "mark read up to SEQ (default: the head)", cmdRead},
 		{"ack", "CONV SEQ", "set this device's delivery cursor (it only grows)", cmdAck},
 		{"recall", "[CONV] SEQ", "recall your message at SEQ", cmdRecall},
+		{"notify", "register PROVIDER TOKEN [sandbox] | unregister", "register this device's notification address (apns, fcm or webhook), or remove it", cmdNotify},
+		{"mute", "CONV DURATION", "mute CONV for DURATION (e.g. 30m, 8h; 0 unmutes): only mentions notify", cmdMute},
+		{"edit", "[CONV] SEQ TEXT", "replace the text of your message at SEQ", cmdEdit},
+		{"clear", "[CONV] [SEQ]", "delete for me: hide CONV's history up to SEQ (default: the head) from all your devices", cmdClear},
+		{"receipts", "[CONV]", "the members' read positions (conversations of the push tier)", cmdReceipts},
+		{"private", "on|off", "hide (on) or show (off) your read positions from other members", cmdPrivate},
+		{"typing", "[CONV]", "tell the other members you are typing", cmdTyping},
 		{"create", "group ID|- MEMBER...", "create a group with you in it (ID -: the server picks one)", cmdCreate},
 		{"create", "direct USER", "open (or find) your direct conversation with USER", cmdCreate},
 		{"add", "CONV USER...", "add users to CONV", cmdAdd},
@@ -202,7 +209,7 @@ func cmdConvs(ctx context.Context, s *session, cl *cmdLine) (result, error) {
 	followed := s.c.Watched()
 	for _, it := range items {
 		r.Items = append(r.Items, convJSON{Conv: it.Conv, Kind: it.Kind, Title: it.Title, Mode: it.Mode, Epoch: it.Epoch,
-			Head: it.Head, MinSeq: it.MinSeq, Delivered: it.Delivered, Read: it.Read, Unread: it.Unread, LastTs: it.LastTs})
+			Head: it.Head, MinSeq: it.MinSeq, Delivered: it.Delivered, Read: it.Read, Cleared: it.Cleared, Unread: it.Unread, LastTs: it.LastTs})
 		if _, ok := followed[it.Conv]; !ok && s.live != liveOff {
 			// New to this session (no push came for it): follow it like
 			// the ones listed at the start.
@@ -453,6 +460,244 @@ func cmdRecall(ctx context.Context, s *session, cl *cmdLine) (result, error) {
 		return nil, err
 	}
 	return &recallResult{Conv: conv, Seq: r.Seq, Target: r.Target}, nil
+}
+
+// ---- notifications ----
+
+type notifyResult struct {
+	Provider   string `json:"provider,omitempty"`
+	Registered bool   `json:"registered"`
+}
+
+func (r *notifyResult) text(*session) string {
+	if !r.Registered {
+		return "notifications: unregistered"
+	}
+	return "notifications: registered with " + r.Provider
+}
+
+func cmdNotify(ctx context.Context, s *session, cl *cmdLine) (result, error) {
+	args := cl.args()
+	switch {
+	case len(args) == 1 && args[0] == "unregister":
+		if _, err := s.c.NotifyUnregister(ctx); err != nil {
+			return nil, err
+		}
+		return &notifyResult{}, nil
+	case (len(args) == 3 || len(args) == 4 && args[3] == "sandbox") && args[0] == "register":
+		if _, err := s.c.NotifyRegister(ctx, args[1], args[2], len(args) == 4); err != nil {
+			return nil, err
+		}
+		return &notifyResult{Provider: args[1], Registered: true}, nil
+	}
+	return nil, needUsage()
+}
+
+type muteResult struct {
+	Conv       string `json:"conv"`
+	MutedUntil int64  `json:"muted_until"`
+}
+
+func (r *muteResult) text(*session) string {
+	if r.MutedUntil == 0 {
+		return r.Conv + ": unmuted"
+	}
+	return fmt.Sprintf("%s: muted until %s", r.Conv, time.UnixMilli(r.MutedUntil).Format(time.DateTime))
+}
+
+func cmdMute(ctx context.Context, s *session, cl *cmdLine) (result, error) {
+	args := cl.args()
+	if len(args) != 2 {
+		return nil, needUsage()
+	}
+	d, err := time.ParseDuration(args[1])
+	if err != nil || d < 0 {
+		return nil, usagef("DURATION: a duration such as 30m or 8h (0 unmutes)")
+	}
+	until := int64(0)
+	if d > 0 {
+		until = time.Now().Add(d).UnixMilli()
+	}
+	r, err := s.c.Mute(ctx, args[0], until)
+	if err != nil {
+		return nil, err
+	}
+	return &muteResult{Conv: r.Conv, MutedUntil: r.MutedUntil}, nil
+}
+
+type editResult struct {
+	Conv   string `json:"conv"`
+	Seq    int64  `json:"seq"`
+	Target int64  `json:"target"`
+}
+
+func (r *editResult) text(*session) string {
+	return fmt.Sprintf("%s: edited #%d (edit event #%d)", r.Conv, r.Target, r.Seq)
+}
+
+func cmdEdit(ctx context.Context, s *session, cl *cmdLine) (result, error) {
+	args := cl.args()
+	conv, at, err := s.convFirst(args, 2)
+	if err != nil {
+		return nil, err
+	}
+	if len(args)-at < 2 {
+		return nil, needUsage()
+	}
+	seq, err := parseSeq(args[at])
+	if err != nil {
+		return nil, err
+	}
+	r, err := s.c.Edit(ctx, conv, seq, []byte(strings.Join(args[at+1:], " ")))
+	if err != nil {
+		return nil, err
+	}
+	return &editResult{Conv: conv, Seq: r.Seq, Target: r.Target}, nil
+}
+
+type clearResult struct {
+	Conv    string `json:"conv"`
+	Cleared int64  `json:"cleared"`
+	Read    int64  `json:"read"`
+	Unread  int64  `json:"unread"`
+}
+
+func (r *clearResult) text(*session) string {
+	return fmt.Sprintf("%s: cleared up to %d (read %d, unread %d)", r.Conv, r.Cleared, r.Read, r.Unread)
+}
+
+func cmdClear(ctx context.Context, s *session, cl *cmdLine) (result, error) {
+	args := cl.args()
+	cur := s.getCurrent()
+	var conv, seqArg string
+	switch {
+	case len(args) == 0:
+		conv = cur
+	case len(args) == 1 && cur != "" && !s.isKnown(args[0]) && isNumber(args[0]):
+		conv, seqArg = cur, args[0]
+	case len(args) == 1:
+		conv = args[0]
+	case len(args) == 2:
+		conv, seqArg = args[0], args[1]
+	default:
+		return nil, needUsage()
+	}
+	if conv == "" {
+		return nil, &usageError{note: "no current conversation: give CONV, or open one"}
+	}
+	var seq int64
+	if seqArg != "" {
+		var err error
+		if seq, err = parseSeq(seqArg); err != nil {
+			return nil, err
+		}
+	} else {
+		conn, err := s.conn(ctx)
+		if err != nil {
+			return nil, err
+		}
+		p, err := conn.Sync(ctx, conv, 0, 1) // for its head
+		if err != nil {
+			return nil, err
+		}
+		seq = p.Head
+	}
+	r, err := s.c.Clear(ctx, conv, seq)
+	if err != nil {
+		return nil, err
+	}
+	return &clearResult{Conv: conv, Cleared: r.Cleared, Read: r.Read, Unread: r.Unread}, nil
+}
+
+type receiptsResult struct {
+	Conv  string         `json:"conv"`
+	Reads []userReadJSON `json:"reads"`
+}
+
+type userReadJSON struct {
+	User string `json:"user"`
+	Read int64  `json:"read"`
+}
+
+func (r *receiptsResult) text(*session) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s: read positions", r.Conv)
+	for _, u := range r.Reads {
+		fmt.Fprintf(&b, "\n  %s %d", u.User, u.Read)
+	}
+	return b.String()
+}
+
+func cmdReceipts(ctx context.Context, s *session, cl *cmdLine) (result, error) {
+	args := cl.args()
+	conv := s.getCurrent()
+	switch len(args) {
+	case 0:
+	case 1:
+		conv = args[0]
+	default:
+		return nil, needUsage()
+	}
+	if conv == "" {
+		return nil, &usageError{note: "no current conversation: give CONV, or open one"}
+	}
+	r, err := s.c.Receipts(ctx, conv)
+	if err != nil {
+		return nil, err
+	}
+	out := &receiptsResult{Conv: conv, Reads: []userReadJSON{}}
+	for _, u := range r.Reads {
+		out.Reads = append(out.Reads, userReadJSON{User: u.User, Read: u.Read})
+	}
+	return out, nil
+}
+
+type privateResult struct {
+	ReceiptsPrivate bool `json:"receipts_private"`
+}
+
+func (r *privateResult) text(*session) string {
+	if r.ReceiptsPrivate {
+		return "read receipts: private (other members do not see your read positions)"
+	}
+	return "read receipts: shown to other members"
+}
+
+func cmdPrivate(ctx context.Context, s *session, cl *cmdLine) (result, error) {
+	args := cl.args()
+	if len(args) != 1 || (args[0] != "on" && args[0] != "off") {
+		return nil, needUsage()
+	}
+	r, err := s.c.SetReceiptsPrivate(ctx, args[0] == "on")
+	if err != nil {
+		return nil, err
+	}
+	return &privateResult{ReceiptsPrivate: r.ReceiptsPrivate}, nil
+}
+
+type typingResult struct {
+	Conv string `json:"conv"`
+}
+
+func (r *typingResult) text(*session) string { return r.Conv + ": typing sent" }
+
+func cmdTyping(ctx context.Context, s *session, cl *cmdLine) (result, error) {
+	args := cl.args()
+	conv := s.getCurrent()
+	switch len(args) {
+	case 0:
+	case 1:
+		conv = args[0]
+	default:
+		return nil, needUsage()
+	}
+	if conv == "" {
+		return nil, &usageError{note: "no current conversation: give CONV, or open one"}
+	}
+	if err := s.c.Typing(ctx, conv); err != nil {
+		return nil, err
+	}
+	return &typingResult{Conv: conv}, nil
 }
 
 // ---- membership ----

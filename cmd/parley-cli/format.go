@@ -27,11 +27,12 @@ type jsonEvent struct {
 	Recalled bool     `json:"recalled,omitempty"`
 	Target   int64    `json:"target,omitempty"`
 	Users    []string `json:"users,omitempty"`
+	Edited   int64    `json:"edited,omitempty"`
 }
 
 func eventJSON(ev wire.Event) jsonEvent {
 	j := jsonEvent{Seq: ev.Seq, Kind: ev.Kind, Sender: ev.Sender, Ts: ev.Ts, Cmid: ev.Cmid,
-		Recalled: ev.Recalled, Target: ev.Target, Users: ev.Users}
+		Recalled: ev.Recalled, Target: ev.Target, Users: ev.Users, Edited: ev.Edited}
 	if ev.Kind == wire.KindMsg || len(ev.Body) > 0 {
 		if utf8.Valid(ev.Body) {
 			s := string(ev.Body)
@@ -75,6 +76,13 @@ type (
 		T      string `json:"t"`
 		Reason string `json:"reason"`
 	}
+	// memberJSON is a typing or receipt frame.
+	memberJSON struct {
+		T    string `json:"t"`
+		Conv string `json:"conv"`
+		User string `json:"user"`
+		Read int64  `json:"read,omitempty"`
+	}
 )
 
 type convJSON struct {
@@ -87,6 +95,7 @@ type convJSON struct {
 	MinSeq    int64  `json:"min_seq"`
 	Delivered int64  `json:"delivered"`
 	Read      int64  `json:"read"`
+	Cleared   int64  `json:"cleared"`
 	Unread    int64  `json:"unread"`
 	LastTs    int64  `json:"last_ts"`
 }
@@ -125,6 +134,8 @@ func formatEvent(conv string, ev wire.Event) string {
 		switch {
 		case ev.Recalled:
 			return prefix + actor + ": (recalled)"
+		case ev.Edited != 0:
+			return prefix + actor + ": " + formatBody(ev.Body) + " (edited)"
 		default:
 			return prefix + actor + ": " + formatBody(ev.Body)
 		}
@@ -137,6 +148,8 @@ func formatEvent(conv string, ev wire.Event) string {
 		return prefix + fmt.Sprintf("* left: %s (removed by %s)", strings.Join(ev.Users, ", "), actor)
 	case wire.KindRecall:
 		return prefix + fmt.Sprintf("* %s recalled #%d", actor, ev.Target)
+	case wire.KindEdit:
+		return prefix + fmt.Sprintf("* %s edited #%d: %s", actor, ev.Target, formatBody(ev.Body))
 	}
 	return prefix + fmt.Sprintf("* %s event from %s", ev.Kind, actor)
 }

@@ -133,10 +133,10 @@ func TestCLI(t *testing.T) {
 	// convs, seen by ben: one unread message.
 	code, out, errOut = as("ben-cli", benTok, "-json", "convs")
 	type conv struct {
-		Conv, Kind, Mode                     string
-		Epoch, Head, Delivered, Read, Unread int64
-		MinSeq                               int64 `json:"min_seq"`
-		LastTs                               int64 `json:"last_ts"`
+		Conv, Kind, Mode                              string
+		Epoch, Head, Delivered, Read, Cleared, Unread int64
+		MinSeq                                        int64 `json:"min_seq"`
+		LastTs                                        int64 `json:"last_ts"`
 	}
 	convs := decode[struct{ Items []conv }](t, "convs", out)
 	if code != 0 || len(convs.Items) != 1 {
@@ -249,7 +249,7 @@ sending:
 	}
 
 	// An interactive session, scripted.
-	script := "convs\nopen g1\nsend hi there\nread\nrecall 2\nsnapshot g1:1 nope\nping\nbogus\nquit\n"
+	script := "convs\nopen g1\nsend hi there\nread\nrecall 2\nedit 2 too late\ntyping\nreceipts\nprivate on\nclear\nsnapshot g1:1 nope\nping\nbogus\nquit\n"
 	code, out, errOut = cli(t, script, "-addr", env.Addr, "-device", "ana-cli", "-token", anaTok)
 	if code != 0 {
 		t.Fatalf("interactive: exit %d\n%s\n%s", code, out, errOut)
@@ -261,6 +261,11 @@ sending:
 		"sent: g1 #",                          // send
 		"g1: read ",                           // read
 		"g1: recalled #2",                     // recall
+		"NOT_FOUND",                           // edit of a recalled message
+		"g1: typing sent",                     // typing
+		"g1: read positions",                  // receipts
+		"read receipts: private",              // private on
+		"g1: cleared up to",                   // clear
 		"-- g1: head ", "-- nope: NOT_MEMBER", // snapshot
 		"pong in", "unknown command \"bogus\"",
 	} {
@@ -303,5 +308,60 @@ func TestCLILifecycle(t *testing.T) {
 	}
 	if code, out, _ := admin("-json", "revoke", "nope"); code != 1 || decode[errorOut](t, "revoke nope", out).Error != "NOT_FOUND" {
 		t.Fatalf("revoke nope: %d %q", code, out)
+	}
+}
+
+// TestCLINotify: notify register / unregister and mute, in JSON mode.
+func TestCLINotify(t *testing.T) {
+	cfg := parleytest.Config(t)
+	cfg.NotifyWebhookURL, cfg.NotifyWebhookSecret = "http://127.0.0.1:9/hook", "s"
+	env := parleytest.Start(t, cfg)
+	ben := env.User(t, "ben", 1)[0]
+	env.User(t, "ana", 0)
+	env.Group(t, "g1", "ana", "ben")
+	as := func(args ...string) (int, string) {
+		t.Helper()
+		code, out, _ := cli(t, "", append([]string{"-addr", env.Addr, "-device", ben.ID, "-token", ben.Token, "-json"}, args...)...)
+		return code, out
+	}
+	code, out := as("notify", "register", "webhook", "tok-1")
+	if r := decode[struct {
+		Provider   string
+		Registered bool
+	}](t, "notify register", out); code != 0 || r.Provider != "webhook" || !r.Registered {
+		t.Fatalf("notify register: %d %q", code, out)
+	}
+	var dev struct {
+		Notify *struct{ Provider string } `json:"notify"`
+	}
+	if env.Admin(t, "GET", "/v1/devices/"+ben.ID, nil, &dev); dev.Notify == nil || dev.Notify.Provider != "webhook" {
+		t.Fatalf("device after register: %+v", dev)
+	}
+	if code, out := as("notify", "register", "apns", "tok"); code != 1 || decode[errorOut](t, "apns", out).Error != "BAD_REQUEST" {
+		t.Fatalf("register a provider without credentials: %d %q", code, out)
+	}
+	if code, out := as("notify", "unregister"); code != 0 || !strings.Contains(out, `"registered":false`) {
+		t.Fatalf("notify unregister: %d %q", code, out)
+	}
+	if env.Admin(t, "GET", "/v1/devices/"+ben.ID, nil, &dev); dev.Notify != nil {
+		t.Fatalf("device after unregister: %+v", dev)
+	}
+	before := time.Now().Add(8 * time.Hour).UnixMilli()
+	code, out = as("mute", "g1", "8h")
+	m := decode[struct {
+		Conv       string
+		MutedUntil int64 `json:"muted_until"`
+	}](t, "mute", out)
+	if code != 0 || m.Conv != "g1" || m.MutedUntil < before || m.MutedUntil > before+60_000 {
+		t.Fatalf("mute: %d %q", code, out)
+	}
+	if code, out := as("mute", "g1", "soon"); code != 2 || decode[errorOut](t, "mute soon", out).Error != "USAGE" {
+		t.Fatalf("mute with a bad duration: %d %q", code, out)
+	}
+	if code, out := as("mute", "nope", "1h"); code != 1 || decode[errorOut](t, "mute nope", out).Error != "NOT_MEMBER" {
+		t.Fatalf("mute a conversation ben is not in: %d %q", code, out)
+	}
+	if code, out := as("mute", "g1", "0"); code != 0 || !strings.Contains(out, `"muted_until":0`) {
+		t.Fatalf("unmute: %d %q", code, out)
 	}
 }

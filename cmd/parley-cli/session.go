@@ -325,6 +325,18 @@ func (s *session) onFrame(m wire.Message) {
 		case liveJSON:
 			s.out.async(jsonLine(hintJSON{T: wire.THint, Conv: m.Conv, Head: m.Head}))
 		}
+	case wire.TTyping, wire.TReceipt:
+		if !s.wants(m.Conv) {
+			return
+		}
+		switch {
+		case s.live == liveText && m.T == wire.TTyping:
+			s.out.async(fmt.Sprintf("* %s: %s is typing…", m.Conv, m.User))
+		case s.live == liveText:
+			s.out.async(fmt.Sprintf("* %s: %s read up to %d", m.Conv, m.User, m.Read))
+		case s.live == liveJSON:
+			s.out.async(jsonLine(memberJSON{T: m.T, Conv: m.Conv, User: m.User, Read: m.Read}))
+		}
 	case wire.TKick:
 		switch s.live {
 		case liveText:

@@ -44,7 +44,8 @@ func run(args []string) int {
 	cfg := loadtest.Config{Scenario: args[0]}
 	fs := flag.NewFlagSet("parley-load "+args[0], flag.ContinueOnError)
 	fs.Usage = func() { usage(fs) }
-	fs.StringVar(&cfg.Addr, "addr", "127.0.0.1:7070", "gateway `host:port`")
+	fs.StringVar(&cfg.Addr, "addr", "127.0.0.1:7070", "gateway `host:port` (with -transport ws: its ws_listen)")
+	fs.StringVar(&cfg.Transport, "transport", "tcp", "tcp, or ws: WebSocket to ws://ADDR/v1/ws (every scenario but storm)")
 	fs.StringVar(&cfg.AdminURL, "admin", "http://127.0.0.1:8081", "admin API `URL`")
 	fs.StringVar(&cfg.AdminToken, "token", "", "admin `token` (default: $PARLEY_ADMIN_TOKEN)")
 	fs.Float64Var(&cfg.Rate, "rate", 0, "target sends per second, `N`, aggregate over all senders (required by direct, group, large, mixed)")
@@ -70,13 +71,13 @@ func run(args []string) int {
 	fs.IntVar(&cfg.Pairs, "pairs", 100, "direct: pairs of users (one device each, both send)")
 	fs.IntVar(&cfg.BodySize, "body-size", 100, "message body `bytes` (the first 8 carry the send time)")
 	// Scenario group (and storm's -size, mixed's -groups and -size).
-	fs.IntVar(&cfg.Groups, "groups", 0, "group: how many groups (default 50); mixed: groups with members drawn at random (default users/size; 0: none)")
+	fs.IntVar(&cfg.Groups, "groups", 0, "group: how many groups (default 50); mixed: groups with members drawn at random (default users/size; 0: none); notify: groups (default 2000)")
 	fs.IntVar(&cfg.Size, "size", 0, "group, mixed: members per group (default 20); storm: members per conversation (default 5)")
 	fs.IntVar(&cfg.GroupOnline, "group-online", 0, "group: members of each group that connect (the rest are offline members; default all)")
 	// Scenario large.
 	fs.IntVar(&cfg.Members, "members", 10000, "large: members of the group")
 	fs.IntVar(&cfg.Online, "online", 0, "large: members connected (default min(2000, members))")
-	fs.IntVar(&cfg.Senders, "senders", 0, "large: online members that send (default min(10, online))")
+	fs.IntVar(&cfg.Senders, "senders", 0, "large: online members that send (default min(10, online)); notify: sender devices (default 20)")
 	// Scenario idle.
 	fs.IntVar(&cfg.Conns, "conns", 1000, "idle: connections to hold")
 	fs.DurationVar(&cfg.PingInterval, "ping", 30*time.Second, "idle: each connection pings this often")
@@ -88,11 +89,19 @@ func run(args []string) int {
 	fs.StringVar(&cfg.JWTSecret, "jwt-secret", "", "storm: authenticate with HS256 JWTs signed with this `secret` (the server's jwt_hmac_secret); every login is a device's first, provisioned by the server")
 	fs.StringVar(&cfg.JWTKeyFile, "jwt-key", "", "storm: as -jwt-secret, signing with this PEM private key `file` (RSA: RS256, ECDSA P-256: ES256, Ed25519: EdDSA)")
 	// Scenario mixed.
-	fs.IntVar(&cfg.Users, "users", 1000, "mixed: users")
+	fs.IntVar(&cfg.Users, "users", 1000, "mixed: users; notify: receivers")
+	fs.StringVar(&cfg.NotifySink, "sink", "127.0.0.1:9099", "notify: the webhook sink's listen `address` (the server's notify_webhook_url must point there)")
+	fs.StringVar(&cfg.NotifySecret, "sink-secret", "", "notify: the server's notify_webhook_secret, to check signatures (empty: not checked)")
+	fs.DurationVar(&cfg.NotifyDelay, "notify-delay", 3*time.Second, "notify: the server's notify_delay")
 	fs.Float64Var(&cfg.DevicesPerUser, "devices-per-user", 1.6, "mixed: devices per user on average, 1 to 8 (each user gets ⌊`D`⌋ or ⌈D⌉, all connected)")
 	fs.IntVar(&cfg.Directs, "directs", 4, "mixed: direct conversations per user (0: none)")
 	fs.Float64Var(&cfg.ReadProb, "read-prob", 0.3, "mixed: a device pushed a message reads its conversation with this probability `P` (0: never)")
 	fs.DurationVar(&cfg.ReadDelay, "read-delay", time.Second, "mixed: a read is sent this long (±50%) after the push that caused it; pushes meanwhile raise its seq (0: at once)")
+	fs.BoolVar(&cfg.NoFeatures, "no-features", false, "mixed: no typing, edits, clears or receipts (to compare a run without them)")
+	fs.Float64Var(&cfg.TypingProb, "typing-prob", 0.5, "mixed: a typing frame precedes a send with probability `P` (0: never)")
+	fs.Float64Var(&cfg.EditProb, "edit-prob", 0.02, "mixed: a confirmed send is edited with probability `P` (0: never)")
+	fs.Float64Var(&cfg.ClearProb, "clear-prob", 0.02, "mixed: a read of a single-device user is followed by a clear (delete for me) up to it with probability `P` (0: never)")
+	fs.Float64Var(&cfg.ReceiptsProb, "receipts-prob", 0.05, "mixed: a read of a direct conversation is followed by a receipts query with probability `P` (0: never)")
 	if err := fs.Parse(args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -117,6 +126,14 @@ func run(args []string) int {
 			cfg.ReadProb = -1
 		case f.Name == "read-delay" && cfg.ReadDelay == 0:
 			cfg.ReadDelay = -1
+		case f.Name == "typing-prob" && cfg.TypingProb == 0:
+			cfg.TypingProb = -1
+		case f.Name == "edit-prob" && cfg.EditProb == 0:
+			cfg.EditProb = -1
+		case f.Name == "clear-prob" && cfg.ClearProb == 0:
+			cfg.ClearProb = -1
+		case f.Name == "receipts-prob" && cfg.ReceiptsProb == 0:
+			cfg.ReceiptsProb = -1
 		}
 	})
 	if *cpuProfile != "" {

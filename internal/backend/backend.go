@@ -38,9 +38,11 @@ var ErrUnavailable = errors.New("backend unavailable")
 //     or 57014 (statement timeout);
 //   - go-redis: a pool timeout or exhausted, a closed client, and the replies of a
 //     server that cannot serve now (LOADING, CLUSTERDOWN, TRYAGAIN,
-//     MASTERDOWN, READONLY during a failover, max clients, and NOSCRIPT:
-//     the script did not run, on a node that lost its scripts, such as a
-//     replica promoted by a failover before they were loaded again).
+//     MASTERDOWN, READONLY during a failover, max clients; NOSCRIPT: the
+//     script did not run, on a node that lost its scripts, such as a
+//     replica promoted by a failover before they were loaded again; and
+//     MOVED or ASK left over once the client's redirects ran out, while
+//     slots move: the command did not run).
 func IsUnavailable(err error) bool {
 	if err == nil {
 		return false
@@ -63,8 +65,11 @@ func IsUnavailable(err error) bool {
 		return strings.HasPrefix(c, "08") || strings.HasPrefix(c, "53") || strings.HasPrefix(c, "57P") || c == "57014"
 	}
 	var redisErr redis.Error
-	if errors.As(err, &redisErr) && strings.HasPrefix(redisErr.Error(), "NOSCRIPT ") {
-		return true
+	if errors.As(err, &redisErr) {
+		msg := redisErr.Error()
+		if strings.HasPrefix(msg, "NOSCRIPT ") || strings.HasPrefix(msg, "MOVED ") || strings.HasPrefix(msg, "ASK ") {
+			return true
+		}
 	}
 	return errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrPoolExhausted) || errors.Is(err, redis.ErrClosed) ||
 		redis.IsLoadingError(err) || redis.IsClusterDownError(err) || redis.IsTryAgainError(err) ||

@@ -32,6 +32,7 @@ const AdminToken = "test-admin-token"
 type Env struct {
 	Cfg      config.Config
 	Addr     string // gateway host:port
+	WSAddr   string // the gateway's WebSocket host:port ("" unless the config set ws_listen)
 	AdminURL string // http://host:port
 	Srv      *server.Server
 }
@@ -73,20 +74,30 @@ func RedisClient(t testing.TB, cfg config.Config) redis.UniversalClient {
 }
 
 // Start runs an in-process server with cfg (from Config, possibly
-// changed), on fresh ports for the gateway and admin API.
+// changed), on fresh ports for the gateway and admin API (and for the
+// WebSocket listener, if cfg.WSListen is set to anything).
 func Start(t testing.TB, cfg config.Config) *Env {
 	t.Helper()
 	level := slog.LevelWarn
 	if os.Getenv("PARLEY_TEST_LOG") != "" {
 		level = slog.LevelDebug
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	return StartLogged(t, cfg, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})))
+}
+
+// StartLogged is Start with the server's logger (for tests that read the
+// server's log).
+func StartLogged(t testing.TB, cfg config.Config, log *slog.Logger) *Env {
+	t.Helper()
 	gatewayID := cfg.GatewayID
 	// The admin listener binds port 0 (no race); the gateway (gnet) needs
 	// a port up front, and another process may take it between FreePort
 	// and the bind: then try another.
 	for attempt := 1; ; attempt++ {
 		cfg.Listen = fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+		if cfg.WSListen != "" { // any value: a fresh port
+			cfg.WSListen = fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+		}
 		cfg.AdminListen = "127.0.0.1:0"
 		if gatewayID == "" {
 			cfg.GatewayID = "gw-" + strings.Split(cfg.Listen, ":")[1]
@@ -110,7 +121,7 @@ func Start(t testing.TB, cfg config.Config) *Env {
 			defer cancel()
 			_ = srv.Shutdown(ctx)
 		})
-		return &Env{Cfg: srv.Config(), Addr: cfg.Listen, AdminURL: "http://" + srv.AdminAddr(), Srv: srv}
+		return &Env{Cfg: srv.Config(), Addr: cfg.Listen, WSAddr: cfg.WSListen, AdminURL: "http://" + srv.AdminAddr(), Srv: srv}
 	}
 }
 

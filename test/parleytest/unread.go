@@ -13,7 +13,10 @@ import (
 // conv ($2) with seq above read ($3), not recalled, not sent by user ($1),
 // inside one of user's membership periods [from_seq, to_seq] (to_seq NULL:
 // still open). Event kinds are those of store/migrations/0001_init.sql: 0
-// hole, 1 msg, 2 join, 3 leave, 4 recall.
+// hole, 1 msg, 2 join, 3 leave, 4 recall; and 5 edit (0008). Edits are
+// never counted (only kind 1 is); a clear ("delete for me") raises the
+// read position to at least the cleared one, so the caller passes the
+// read position and cleared events are at or below it.
 const UnreadDefinitionSQL = `
 SELECT count(*) FROM (
     SELECT DISTINCT e.seq

@@ -1,7 +1,9 @@
 // Package testenv gives tests real PostgreSQL and Redis: a fresh database per
 // test, a private Redis key prefix, a private redis-server process for tests
 // that kill or flush it, or a private 6-node Redis Cluster for tests that fail
-// its masters over (StartRedisCluster).
+// its masters over (StartRedisCluster), and tools from Debian packages
+// installed on demand (Command; HAProxy runs haproxy with a test's
+// configuration).
 //
 // The shared servers are the ones `make services` (tools/ensure-services.sh)
 // sets up; `make test` starts them and points the tests at them with

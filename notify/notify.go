@@ -1,0 +1,772 @@
+// Package notify sends notifications to registered devices that are not
+// reading (docs/notifications.md): through APNs, FCM or a signed webhook,
+// for each committed message a device did not ack within notify_delay,
+// collapsed per (device, conversation), with the user's exact unread total
+// as the badge, and data-only recall and badge notifications that keep
+// phones honest.
+//
+// Work is durable: every committed message or recall becomes a job in a
+// sharded Redis queue (queue.go), due notify_delay after its commit; a
+// worker claims due jobs for a lease and finishes them only once the
+// provider answered, so the jobs of a worker or process that dies are
+// claimed again when their lease ends. Delivery is at least once, with the
+// same idempotency key on every attempt; a notification sent again after
+// a worker died is counted (parley_notify_duplicated_total).
+package notify
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/parley-im/parley/eventlog"
+	"github.com/parley-im/parley/store"
+)
+
+// Config tunes the notifier (docs/config.md, notify_*).
+type Config struct {
+	Delay    time.Duration // notify_delay: how long a device has to ack before it is notified
+	TTL      time.Duration // notify_ttl: how long a notification is retried
+	BadgeMax int64         // notify_badge_max
+	Preview  bool          // notify_preview
+	// Shards is the number of queue shards (Redis hash tags).
+	Shards int
+	// Lease: a job a worker claimed and did not finish within this is
+	// claimed again (the worker is taken for dead).
+	Lease time.Duration
+	// Timeout bounds one provider request.
+	Timeout time.Duration
+	// Concurrency is how many requests each provider may have in flight.
+	Concurrency int
+	// The tier thresholds (the pull tier notifies mentioned users only).
+	WriteFanoutMax, OnlineFanoutMax int
+	// Prefix is the Redis key prefix.
+	Prefix string
+	// Poll is how often a shard with nothing due is looked at again.
+	Poll time.Duration
+}
+
+// Online returns which of the users' devices are connected (device id →
+// true).
+type Online func(ctx context.Context, users []string) (map[string]bool, error)
+
+// Notifier turns committed events into notifications.
+type Notifier struct {
+	// Static after construction.
+	st        *store.Store
+	rdb       redis.UniversalClient
+	q         *queue
+	cfg       Config
+	log       *slog.Logger
+	m         *metrics
+	providers map[string]*pool
+	online    Online
+
+	// Events and read advances waiting to be queued (intakeLoop).
+	events chan eventlog.Committed
+	reads  chan string
+	// Outcomes of provider requests waiting to be recorded (finishLoop).
+	results chan result
+
+	// beforeFinish, if set (tests), runs when a provider answered, before
+	// the outcome is recorded; false leaves the job unfinished, as if the
+	// worker died right then.
+	beforeFinish func(j *job, err error) bool
+
+	stop     chan struct{}
+	loops    sync.WaitGroup // intake, shard and backlog loops
+	senders  sync.WaitGroup // provider workers
+	finisher sync.WaitGroup
+	once     sync.Once
+}
+
+// pool is one provider with its bounded queue and workers.
+type pool struct {
+	p     Provider
+	tasks chan task
+}
+
+type task struct {
+	j job
+	n Notification
+}
+
+type result struct {
+	j        job
+	provider string
+	token    string
+	err      error
+}
+
+// New returns a notifier sending through providers (by Name); Start
+// starts it.
+func New(st *store.Store, rdb redis.UniversalClient, cfg Config, providers []Provider, online Online, log *slog.Logger, reg prometheus.Registerer) *Notifier {
+	if cfg.Shards <= 0 {
+		cfg.Shards = 8
+	}
+	if cfg.Lease <= 0 {
+		cfg.Lease = 30 * time.Second
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 10 * time.Second
+	}
+	if cfg.Concurrency <= 0 {
+		cfg.Concurrency = 64
+	}
+	if cfg.Poll <= 0 {
+		cfg.Poll = 20 * time.Millisecond
+	}
+	n := &Notifier{st: st, rdb: rdb, q: &queue{rdb: rdb, prefix: cfg.Prefix, shards: cfg.Shards}, cfg: cfg, log: log,
+		m: newMetrics(reg), providers: map[string]*pool{}, online: online,
+		events: make(chan eventlog.Committed, 65536), reads: make(chan string, 16384), results: make(chan result, 4096),
+		stop: make(chan struct{})}
+	for _, p := range providers {
+		n.providers[p.Name()] = &pool{p: p, tasks: make(chan task, cfg.Concurrency*8)}
+	}
+	return n
+}
+
+// Has reports whether the notifier can send through provider.
+func (n *Notifier) Has(provider string) bool { return n.providers[provider] != nil }
+
+// Start starts the workers.
+func (n *Notifier) Start() {
+	for _, p := range n.providers {
+		for range n.cfg.Concurrency {
+			n.senders.Add(1)
+			go n.sendLoop(p)
+		}
+	}
+	n.finisher.Add(1)
+	go n.finishLoop()
+	n.loops.Add(2 + n.cfg.Shards)
+	go n.intakeLoop()
+	go n.backlogLoop()
+	for s := range n.cfg.Shards {
+		go n.shardLoop(s)
+	}
+}
+
+// Close stops claiming, lets the requests in flight finish and records
+// their outcomes. Queued jobs stay in Redis for the next start or another
+// process.
+func (n *Notifier) Close() {
+	n.once.Do(func() {
+		close(n.stop)
+		n.loops.Wait()
+		for _, p := range n.providers {
+			close(p.tasks)
+		}
+		n.senders.Wait()
+		close(n.results)
+		n.finisher.Wait()
+	})
+}
+
+// Committed takes committed events (the conversation log's commit hook):
+// messages and recalls are queued for evaluation once notify_delay has
+// passed. It never blocks: if the intake is full the event is dropped and
+// counted.
+func (n *Notifier) Committed(evs []eventlog.Committed) {
+	for _, e := range evs {
+		if e.Kind != store.KindMsg && e.Kind != store.KindRecall {
+			continue
+		}
+		select {
+		case n.events <- e:
+		default:
+			n.m.dropped.WithLabelValues("", "intake_full").Inc()
+		}
+	}
+}
+
+// ReadAdvanced implements conn.Notifications: the user's devices that
+// were notified and are not connected get a new badge.
+func (n *Notifier) ReadAdvanced(user string) {
+	select {
+	case n.reads <- user:
+	default:
+		n.m.dropped.WithLabelValues("", "intake_full").Inc()
+	}
+}
+
+// intakeLoop queues events and read advances, many per pipeline.
+func (n *Notifier) intakeLoop() {
+	defer n.loops.Done()
+	var pending []put
+	intakeFails := 0
+	for {
+		var stopping bool
+		select {
+		case e := <-n.events:
+			pending = append(pending, n.eventJob(e))
+		case u := <-n.reads:
+			pending = append(pending, n.badgeUserJob(u))
+		case <-n.stop:
+			stopping = true
+		}
+	more: // take whatever else is queued (all of it when stopping)
+		for stopping || len(pending) < 512 {
+			select {
+			case e := <-n.events:
+				pending = append(pending, n.eventJob(e))
+			case u := <-n.reads:
+				pending = append(pending, n.badgeUserJob(u))
+			default:
+				break more
+			}
+		}
+		if len(pending) > 0 {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			err := n.q.put(ctx, pending, n.cfg.Delay)
+			cancel()
+			if err == nil {
+				pending, intakeFails = pending[:0], 0
+			} else {
+				if intakeFails == 0 {
+					n.log.Warn("queueing notification jobs; retrying", "jobs", len(pending), "err", err)
+				}
+				intakeFails++
+				if len(pending) > 100000 {
+					n.m.dropped.WithLabelValues("", "intake_full").Add(float64(len(pending)))
+					pending = pending[:0]
+				}
+				if !stopping {
+					select {
+					case <-time.After(min(100*time.Millisecond<<min(intakeFails, 4), time.Second)):
+					case <-n.stop:
+					}
+				}
+			}
+		}
+		if stopping {
+			return
+		}
+	}
+}
+
+func (n *Notifier) eventJob(e eventlog.Committed) put {
+	kind := KindMsg
+	if e.Kind == store.KindRecall {
+		kind = KindRecall
+	}
+	return put{ID: "e|" + strconv.FormatInt(e.Seq, 10) + "|" + e.Conv, Shard: n.q.shardOf(e.Conv),
+		Due: e.Ts + n.cfg.Delay.Milliseconds(), Seq: e.Seq, Ts: e.Ts,
+		Body: jobBody{Conv: e.Conv, Kind: kind, Members: e.Members, Target: e.Target}}
+}
+
+// badgeUserJob: read advances of one user within a short while share one
+// job (a reader scrolling through conversations moves it many times).
+func (n *Notifier) badgeUserJob(user string) put {
+	now := time.Now().UnixMilli()
+	wait := min(n.cfg.Delay/10, 500*time.Millisecond).Milliseconds()
+	return put{ID: "b|" + user, Shard: n.q.shardOf(user), Due: now + wait, Seq: now, Ts: now, Body: jobBody{User: user}}
+}
+
+// shardLoop claims the shard's due jobs and handles them. While Redis
+// fails it backs off (up to a second) and logs the first failure only.
+func (n *Notifier) shardLoop(shard int) {
+	defer n.loops.Done()
+	const batch = 256
+	wait := time.NewTimer(0)
+	defer wait.Stop()
+	fails := 0
+	for {
+		select {
+		case <-n.stop:
+			return
+		case <-wait.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), n.cfg.Lease/2)
+		jobs, err := n.q.claim(ctx, shard, time.Now(), n.cfg.Lease, batch)
+		if err != nil {
+			if fails == 0 {
+				n.log.Warn("claiming notification jobs; retrying", "shard", shard, "err", err)
+			}
+			fails++
+		} else {
+			fails = 0
+			if len(jobs) > 0 {
+				n.handle(ctx, jobs)
+			}
+		}
+		cancel()
+		switch {
+		case fails > 0:
+			wait.Reset(min(n.cfg.Poll<<min(fails, 6), time.Second))
+		case len(jobs) == batch:
+			wait.Reset(0)
+		default:
+			wait.Reset(n.cfg.Poll)
+		}
+	}
+}
+
+// handle runs claimed jobs by kind.
+func (n *Notifier) handle(ctx context.Context, jobs []job) {
+	var msgs, recalls, users, devices []*job
+	for i := range jobs {
+		j := &jobs[i]
+		switch j.ID[0] {
+		case jobEvent:
+			if j.Body.Kind == KindRecall {
+				recalls = append(recalls, j)
+			} else {
+				msgs = append(msgs, j)
+			}
+		case jobBadgeUser:
+			users = append(users, j)
+		default:
+			devices = append(devices, j)
+		}
+	}
+	var fin []done
+	if len(msgs) > 0 {
+		fin = append(fin, n.evaluateMessages(ctx, msgs)...)
+	}
+	for _, j := range recalls {
+		fin = append(fin, n.evaluateRecall(ctx, j))
+	}
+	for _, j := range users {
+		fin = append(fin, n.evaluateBadge(ctx, j))
+	}
+	if len(devices) > 0 {
+		fin = append(fin, n.dispatch(ctx, devices)...)
+	}
+	if len(fin) > 0 {
+		if err := n.q.finish(ctx, fin, n.cfg.Delay, n.keep()); err != nil {
+			n.log.Warn("finishing notification jobs; they will be claimed again", "jobs", len(fin), "err", err)
+		}
+	}
+}
+
+// keep is how long the last notification of a (device, conversation) is
+// remembered (for collapsing, recalls and badges).
+func (n *Notifier) keep() time.Duration { return max(n.cfg.TTL, 24*time.Hour) }
+
+// retryLater finishes j as a retry after d (Redis or PostgreSQL failed).
+func retryLater(j *job, d time.Duration) done {
+	return done{Job: j, Outcome: outcomeRetry, At: time.Now().Add(d)}
+}
+
+// msgJobID names the pending notification of (device, conv).
+func msgJobID(device, conv string) string {
+	return "m|" + strconv.Itoa(len(device)) + ":" + device + conv
+}
+
+// evaluateMessages applies the policy to messages whose notify_delay has
+// passed: each registered device of each recipient that has not acked the
+// message, unless muted and not mentioned, gets it merged into its pending
+// notification of the conversation.
+func (n *Notifier) evaluateMessages(ctx context.Context, jobs []*job) []done {
+	evs := make([]store.NotifyEvent, len(jobs))
+	for i, j := range jobs {
+		evs[i] = store.NotifyEvent{Conv: j.Body.Conv, Seq: j.Seq,
+			MentionsOnly: j.Body.Members > int64(n.cfg.OnlineFanoutMax)}
+	}
+	fin := make([]done, 0, len(jobs))
+	targets, err := n.st.NotifyTargets(ctx, evs)
+	if err != nil {
+		n.log.Warn("reading notification targets", "err", err)
+		for _, j := range jobs {
+			fin = append(fin, retryLater(j, time.Second))
+		}
+		return fin
+	}
+	now := time.Now()
+	var puts []put
+	for _, t := range targets {
+		j := jobs[t.Event]
+		if t.Delivered >= j.Seq {
+			n.m.skipped.WithLabelValues("acked").Inc()
+			continue
+		}
+		if t.MutedUntil > now.UnixMilli() && !t.Mentioned {
+			n.m.skipped.WithLabelValues("muted").Inc()
+			continue
+		}
+		body := jobBody{Conv: j.Body.Conv, User: t.Reg.User, Device: t.Reg.Device, Sender: t.Sender, Title: t.Title, Mentioned: t.Mentioned}
+		if n.cfg.Preview {
+			body.Preview = preview(t.Body)
+		}
+		puts = append(puts, put{ID: msgJobID(t.Reg.Device, j.Body.Conv), Shard: j.Shard, Due: now.Add(n.mergeWindow()).UnixMilli(), Seq: j.Seq,
+			Ts: t.Ts, Body: body, Merge: true, Sent: n.q.sentKey(j.Shard, t.Reg.Device, j.Body.Conv)})
+	}
+	// In seq order: a message merges into a notification only above the
+	// seq it carries, so an older one merged after a newer would be lost
+	// from its count.
+	slices.SortStableFunc(puts, func(a, b put) int { return cmp.Compare(a.Seq, b.Seq) })
+	if len(puts) > 0 {
+		if err := n.q.put(ctx, puts, n.cfg.Delay); err != nil {
+			n.log.Warn("queueing notifications", "err", err)
+			for _, j := range jobs {
+				fin = append(fin, retryLater(j, time.Second))
+			}
+			return fin
+		}
+	}
+	for _, j := range jobs {
+		fin = append(fin, done{Job: j, Outcome: outcomeDrop, At: now})
+	}
+	return fin
+}
+
+// mergeWindow is how long a new notification waits for the messages
+// committed right after its first one (whose notify_delay ends a moment
+// later), so that a burst makes one notification.
+func (n *Notifier) mergeWindow() time.Duration { return min(n.cfg.Delay/10, 50*time.Millisecond) }
+
+// preview is body as UTF-8, cut to 100 characters ("" if it is not text).
+func preview(body []byte) string {
+	if !utf8.Valid(body) {
+		return ""
+	}
+	s := string(body)
+	if utf8.RuneCountInString(s) <= 100 {
+		return s
+	}
+	r := []rune(s)
+	return string(r[:100])
+}
+
+// evaluateRecall queues a data-only recall notification to each device
+// that was notified of the recalled message.
+func (n *Notifier) evaluateRecall(ctx context.Context, j *job) done {
+	info, err := n.st.RecallTargets(ctx, j.Body.Conv, j.Seq)
+	if errors.Is(err, store.ErrNotFound) {
+		return done{Job: j, Outcome: outcomeDrop, At: time.Now()}
+	}
+	if err != nil {
+		n.log.Warn("reading recall targets", "err", err)
+		return retryLater(j, time.Second)
+	}
+	devices := make([]string, len(info.Devices))
+	for i, d := range info.Devices {
+		devices[i] = d.Device
+	}
+	last, err := n.q.lastSent(ctx, j.Shard, j.Body.Conv, devices)
+	if err != nil {
+		return retryLater(j, time.Second)
+	}
+	now := time.Now().UnixMilli()
+	var puts []put
+	for _, d := range info.Devices {
+		if last[d.Device] < info.Target {
+			continue // never notified of the recalled message
+		}
+		puts = append(puts, put{ID: "r|" + strconv.FormatInt(j.Seq, 10) + "|" + strconv.Itoa(len(d.Device)) + ":" + d.Device + j.Body.Conv,
+			Shard: j.Shard, Due: now, Seq: j.Seq, Ts: j.Ts, Body: jobBody{Conv: j.Body.Conv, User: d.User, Device: d.Device, Target: info.Target}})
+	}
+	if len(puts) > 0 {
+		if err := n.q.put(ctx, puts, n.cfg.Delay); err != nil {
+			return retryLater(j, time.Second)
+		}
+	}
+	return done{Job: j, Outcome: outcomeDrop, At: time.Now()}
+}
+
+// notifiedKey is the set of conversations a device was notified of and
+// may not have acked since.
+func (n *Notifier) notifiedKey(device string) string {
+	return n.cfg.Prefix + "notify:{d" + device + "}:convs"
+}
+
+// evaluateBadge: the user's read position moved; every registered device
+// of theirs that is not connected and was notified of something it has
+// not acked since gets a badge notification.
+func (n *Notifier) evaluateBadge(ctx context.Context, j *job) done {
+	user := j.Body.User
+	regs, err := n.st.UserRegistrations(ctx, user)
+	if err != nil {
+		return retryLater(j, time.Second)
+	}
+	if len(regs) == 0 {
+		return done{Job: j, Outcome: outcomeDrop, At: time.Now()}
+	}
+	connected := map[string]bool{}
+	if n.online != nil {
+		if connected, err = n.online(ctx, []string{user}); err != nil {
+			return retryLater(j, time.Second)
+		}
+	}
+	now := time.Now().UnixMilli()
+	var puts []put
+	for _, r := range regs {
+		if connected[r.Device] {
+			continue
+		}
+		stale, err := n.notifiedUnacked(ctx, r.Device)
+		if err != nil {
+			return retryLater(j, time.Second)
+		}
+		if !stale {
+			continue
+		}
+		puts = append(puts, put{ID: "g|" + r.Device, Shard: n.q.shardOf(user), Due: now, Seq: now, Ts: now,
+			Body: jobBody{User: user, Device: r.Device}})
+	}
+	if len(puts) > 0 {
+		if err := n.q.put(ctx, puts, n.cfg.Delay); err != nil {
+			return retryLater(j, time.Second)
+		}
+	}
+	return done{Job: j, Outcome: outcomeDrop, At: time.Now()}
+}
+
+// notifiedUnacked reports whether device was notified of a message it has
+// not acked since; conversations it has acked are forgotten.
+func (n *Notifier) notifiedUnacked(ctx context.Context, device string) (bool, error) {
+	key := n.notifiedKey(device)
+	convs, err := n.rdb.SMembers(ctx, key).Result()
+	if err != nil || len(convs) == 0 {
+		return false, err
+	}
+	pairs := make([]store.DeviceConv, len(convs))
+	for i, c := range convs {
+		pairs[i] = store.DeviceConv{Device: device, Conv: c}
+	}
+	delivered, err := n.st.DeliveredOf(ctx, pairs)
+	if err != nil {
+		return false, err
+	}
+	stale := false
+	var acked []any
+	for _, c := range convs {
+		shard := n.q.shardOf(c)
+		last, err := n.q.lastSent(ctx, shard, c, []string{device})
+		if err != nil {
+			return false, err
+		}
+		if last[device] > delivered[store.DeviceConv{Device: device, Conv: c}] {
+			stale = true
+		} else {
+			acked = append(acked, c)
+		}
+	}
+	if len(acked) > 0 {
+		n.rdb.SRem(ctx, key, acked...)
+	}
+	return stale, nil
+}
+
+// dispatch hands device jobs to their providers: with the current
+// registration, the badge of now, and only if still wanted (a message
+// notification whose messages the device acked meanwhile is dropped).
+func (n *Notifier) dispatch(ctx context.Context, jobs []*job) []done {
+	var devices, users []string
+	var pairs []store.DeviceConv
+	seenU := map[string]bool{}
+	for _, j := range jobs {
+		devices = append(devices, j.Body.Device)
+		if !seenU[j.Body.User] {
+			seenU[j.Body.User] = true
+			users = append(users, j.Body.User)
+		}
+		if j.ID[0] == jobMsg {
+			pairs = append(pairs, store.DeviceConv{Device: j.Body.Device, Conv: j.Body.Conv})
+		}
+	}
+	fin := make([]done, 0)
+	regs, err := n.st.NotifyRegistrations(ctx, devices)
+	var delivered map[store.DeviceConv]int64
+	var badges map[string]int64
+	if err == nil && len(pairs) > 0 {
+		delivered, err = n.st.DeliveredOf(ctx, pairs)
+	}
+	if err == nil {
+		badges, err = n.st.UnreadTotals(ctx, users)
+	}
+	if err != nil {
+		n.log.Warn("preparing notifications", "err", err)
+		for _, j := range jobs {
+			fin = append(fin, retryLater(j, time.Second))
+		}
+		return fin
+	}
+	now := time.Now()
+	for _, j := range jobs {
+		reg, ok := regs[j.Body.Device]
+		if !ok {
+			n.m.dropped.WithLabelValues("", "unregistered").Inc()
+			fin = append(fin, done{Job: j, Outcome: outcomeDrop, At: now})
+			continue
+		}
+		p := n.providers[reg.Provider]
+		if p == nil {
+			n.m.dropped.WithLabelValues(reg.Provider, "no_provider").Inc()
+			fin = append(fin, done{Job: j, Outcome: outcomeDrop, At: now})
+			continue
+		}
+		if now.Sub(time.UnixMilli(j.Ts)) > n.cfg.TTL {
+			n.m.dropped.WithLabelValues(reg.Provider, "expired").Inc()
+			fin = append(fin, done{Job: j, Outcome: outcomeDrop, At: now})
+			continue
+		}
+		if j.ID[0] == jobMsg && delivered[store.DeviceConv{Device: j.Body.Device, Conv: j.Body.Conv}] >= j.Seq {
+			n.m.skipped.WithLabelValues("acked").Inc()
+			fin = append(fin, done{Job: j, Outcome: outcomeDrop, At: now})
+			continue
+		}
+		badge := min(badges[j.Body.User], n.cfg.BadgeMax)
+		t := task{j: *j, n: Notification{Device: reg.Device, User: reg.User, Token: reg.Token, Sandbox: reg.Sandbox,
+			Conv: j.Body.Conv, Seq: j.Seq, Badge: badge, Ts: j.Ts}}
+		switch j.ID[0] {
+		case jobMsg:
+			t.n.Kind, t.n.Sender, t.n.Count, t.n.Title, t.n.Preview = KindMsg, j.Body.Sender, j.Count, j.Body.Title, j.Body.Preview
+			t.n.Key = reg.Device + ":" + j.Body.Conv + ":" + strconv.FormatInt(j.Seq, 10)
+		case jobRecall:
+			t.n.Kind, t.n.Target = KindRecall, j.Body.Target
+			t.n.Key = reg.Device + ":" + j.Body.Conv + ":" + strconv.FormatInt(j.Seq, 10)
+		default:
+			t.n.Kind, t.n.Conv, t.n.Seq = KindBadge, "", 0
+			t.n.Key = reg.Device + "::badge-" + strconv.FormatInt(j.Seq, 10)
+		}
+		select {
+		case p.tasks <- t:
+		default:
+			// The provider is behind (slow or hanging): try later,
+			// without holding up the other providers.
+			fin = append(fin, done{Job: j, Outcome: outcomeRetry, At: now.Add(time.Second)})
+		}
+	}
+	return fin
+}
+
+// sendLoop is one worker of a provider.
+func (n *Notifier) sendLoop(p *pool) {
+	defer n.senders.Done()
+	for t := range p.tasks {
+		ctx, cancel := context.WithTimeout(context.Background(), n.cfg.Timeout)
+		err := p.p.Send(ctx, &t.n)
+		cancel()
+		if n.beforeFinish != nil && !n.beforeFinish(&t.j, err) {
+			continue
+		}
+		n.results <- result{j: t.j, provider: p.p.Name(), token: t.n.Token, err: err}
+	}
+}
+
+// finishLoop records the outcomes of provider requests, many per
+// pipeline.
+func (n *Notifier) finishLoop() {
+	defer n.finisher.Done()
+	for r := range n.results {
+		batch := []result{r}
+	more:
+		for len(batch) < 512 {
+			select {
+			case r, ok := <-n.results:
+				if !ok {
+					break more
+				}
+				batch = append(batch, r)
+			default:
+				break more
+			}
+		}
+		n.record(batch)
+	}
+}
+
+// record finishes the jobs of batch by their outcomes.
+func (n *Notifier) record(batch []result) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	now := time.Now()
+	fin := make([]done, 0, len(batch))
+	var notified []*job
+	for i := range batch {
+		r := &batch[i]
+		j := &r.j
+		if r.err == nil {
+			n.m.sent.WithLabelValues(r.provider).Inc()
+			if j.Tries > 0 {
+				n.m.duplicated.WithLabelValues(r.provider).Inc()
+			}
+			if j.ID[0] == jobMsg {
+				n.m.latency.WithLabelValues(r.provider).Observe(now.Sub(time.UnixMilli(j.Ts)).Seconds())
+				notified = append(notified, j)
+			}
+			fin = append(fin, done{Job: j, Outcome: outcomeSent, At: now})
+			continue
+		}
+		reason, after := reasonOf(r.err)
+		n.m.failed.WithLabelValues(r.provider, reason).Inc()
+		switch reason {
+		case ReasonBadToken:
+			if _, err := n.st.DropNotifyToken(ctx, j.Body.Device, r.token); err != nil {
+				n.log.Warn("removing a registration with a bad token", "device", j.Body.Device, "err", err)
+				fin = append(fin, retryLater(j, time.Second))
+				continue
+			}
+			n.m.dropped.WithLabelValues(r.provider, reason).Inc()
+			fin = append(fin, done{Job: j, Outcome: outcomeDrop, At: now})
+		case ReasonRejected:
+			n.log.Warn("notification rejected", "provider", r.provider, "device", j.Body.Device, "err", r.err)
+			n.m.dropped.WithLabelValues(r.provider, reason).Inc()
+			fin = append(fin, done{Job: j, Outcome: outcomeDrop, At: now})
+		default:
+			at := now.Add(max(backoff(j.Attempts), after))
+			if at.Sub(time.UnixMilli(j.Ts)) > n.cfg.TTL {
+				n.m.dropped.WithLabelValues(r.provider, "expired").Inc()
+				fin = append(fin, done{Job: j, Outcome: outcomeDrop, At: now})
+				continue
+			}
+			fin = append(fin, done{Job: j, Outcome: outcomeRetry, At: at})
+		}
+	}
+	if err := n.q.finish(ctx, fin, n.cfg.Delay, n.keep()); err != nil {
+		n.log.Warn("recording notification outcomes; the jobs will be claimed again", "jobs", len(fin), "err", err)
+	}
+	if len(notified) > 0 {
+		// Which conversations each device was notified of, for badges.
+		_, err := n.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, j := range notified {
+				k := n.notifiedKey(j.Body.Device)
+				p.SAdd(ctx, k, j.Body.Conv)
+				p.PExpire(ctx, k, n.keep())
+			}
+			return nil
+		})
+		if err != nil {
+			n.log.Debug("recording notified conversations", "err", err)
+		}
+	}
+}
+
+// backoff is the wait before retry number attempt+1: 1 s doubling to at
+// most 5 minutes, with jitter.
+func backoff(attempt int64) time.Duration {
+	d := time.Second << min(attempt, 8)
+	d = min(d, 5*time.Minute)
+	return d/2 + rand.N(d/2+1)
+}
+
+// backlogLoop samples the queue length each second.
+func (n *Notifier) backlogLoop() {
+	defer n.loops.Done()
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-n.stop:
+			return
+		case <-t.C:
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			if b, err := n.q.backlog(ctx); err == nil {
+				n.m.backlog.Set(float64(b))
+			}
+			cancel()
+		}
+	}
+}

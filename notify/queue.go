@@ -1,0 +1,227 @@
+package notify
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"hash/fnv"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/parley-im/parley/scripts"
+)
+
+// queue is the durable job queue: Shards pairs of Redis keys, a sorted set
+// of job ids by the time each is due and a hash of the jobs, each pair
+// under a hash tag of its own so a Redis Cluster spreads the shards. A
+// worker claims due jobs for a lease (notify_claim); a job is gone only
+// when its worker finishes it (notify_done), so the jobs of a worker that
+// dies are claimed again when their lease ends. Jobs of one conversation
+// share a shard, so a message's job and the (device, conversation)
+// notifications it leads to are merged by one script.
+type queue struct {
+	rdb    redis.UniversalClient
+	prefix string
+	shards int
+}
+
+// Job kinds (the first letter of a job id).
+const (
+	jobEvent       = 'e' // a committed msg or recall, to evaluate once notify_delay passed
+	jobMsg         = 'm' // a (device, conversation)'s pending msg notification
+	jobRecall      = 'r' // a recall notification to one device
+	jobBadgeUser   = 'b' // a user's read position moved: which devices need a badge
+	jobBadgeDevice = 'g' // a badge notification to one device
+)
+
+// job is one claimed job: its id, the fields the scripts keep, and its
+// body.
+type job struct {
+	ID    string
+	Shard int
+	Seq   int64 // the event's seq; for msg jobs the newest merged
+	Count int64 // msg jobs: messages merged
+	Ts    int64 // commit ts of the (newest) event, or when the job was made
+	// Tries: claims of this job that were not finished; more than 0 at a
+	// claim means a worker took it before and died (it may have sent).
+	Tries    int64
+	Attempts int64 // retries after a provider asked for one
+	Body     jobBody
+}
+
+// jobBody is the part of a job the scripts do not read.
+type jobBody struct {
+	Conv      string `json:"c,omitempty"`
+	User      string `json:"u,omitempty"`
+	Device    string `json:"d,omitempty"`
+	Kind      string `json:"k,omitempty"` // event jobs: "msg" or "recall"
+	Members   int64  `json:"n,omitempty"` // event jobs: member count at commit
+	Sender    string `json:"s,omitempty"`
+	Title     string `json:"t,omitempty"`
+	Preview   string `json:"p,omitempty"`
+	Target    int64  `json:"g,omitempty"` // recall: the recalled seq
+	Mentioned bool   `json:"m,omitempty"`
+}
+
+func (q *queue) shardOf(key string) int {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(key))
+	return int(h.Sum32() % uint32(q.shards))
+}
+
+func (q *queue) tag(shard int) string     { return q.prefix + "notify:{n" + strconv.Itoa(shard) + "}:" }
+func (q *queue) dueKey(shard int) string  { return q.tag(shard) + "due" }
+func (q *queue) jobsKey(shard int) string { return q.tag(shard) + "jobs" }
+
+// sentKey holds the last notification of (device, conv), in conv's shard.
+func (q *queue) sentKey(shard int, device, conv string) string {
+	return q.tag(shard) + "sent:" + strconv.Itoa(len(device)) + ":" + device + conv
+}
+
+// put is one job to add (or merge).
+type put struct {
+	ID    string
+	Shard int
+	Due   int64
+	Seq   int64
+	Ts    int64
+	Body  jobBody
+	Merge bool   // a msg job: merge into the pending notification of (device, conv)
+	Sent  string // Merge: the sent key of (device, conv)
+}
+
+// put adds jobs in one pipeline; gap is the least time between two
+// notifications of one (device, conversation).
+func (q *queue) put(ctx context.Context, jobs []put, gap time.Duration) error {
+	_, err := scripts.RunPipelined(ctx, q.rdb, func(p redis.Pipeliner) {
+		for _, j := range jobs {
+			b, _ := json.Marshal(j.Body)
+			mode, sent := "new", q.jobsKey(j.Shard)
+			if j.Merge {
+				mode, sent = "merge", j.Sent
+			}
+			scripts.NotifyPut.EvalSha(ctx, p, []string{q.dueKey(j.Shard), q.jobsKey(j.Shard), sent},
+				j.ID, j.Due, j.Seq, j.Ts, string(b), mode, gap.Milliseconds())
+		}
+	})
+	return err
+}
+
+// claim takes up to n due jobs of shard for lease.
+func (q *queue) claim(ctx context.Context, shard int, now time.Time, lease time.Duration, n int) ([]job, error) {
+	res, err := scripts.NotifyClaim.Run(ctx, q.rdb, []string{q.dueKey(shard), q.jobsKey(shard)},
+		now.UnixMilli(), now.Add(lease).UnixMilli(), n).StringSlice()
+	if err != nil {
+		return nil, err
+	}
+	jobs := make([]job, 0, len(res)/2)
+	for i := 0; i+1 < len(res); i += 2 {
+		j, err := parseJob(res[i], res[i+1])
+		if err != nil {
+			return nil, err
+		}
+		j.Shard = shard
+		jobs = append(jobs, j)
+	}
+	return jobs, nil
+}
+
+func parseJob(id, v string) (job, error) {
+	j := job{ID: id}
+	parts := strings.SplitN(v, "|", 7)
+	if len(parts) != 7 {
+		return j, fmt.Errorf("notify: malformed job %q", id)
+	}
+	nums := []*int64{&j.Seq, &j.Count, &j.Ts, &j.Tries, new(int64), &j.Attempts}
+	for i, p := range nums {
+		n, err := strconv.ParseInt(parts[i], 10, 64)
+		if err != nil {
+			return j, fmt.Errorf("notify: malformed job %q: %w", id, err)
+		}
+		*p = n
+	}
+	if err := json.Unmarshal([]byte(parts[6]), &j.Body); err != nil {
+		return j, fmt.Errorf("notify: malformed job %q: %w", id, err)
+	}
+	return j, nil
+}
+
+// Outcomes of a claimed job (notify_done).
+const (
+	outcomeSent  = "sent"  // delivered to the provider
+	outcomeDrop  = "drop"  // finished without a notification
+	outcomeRetry = "retry" // try again at the given time
+)
+
+// done is the finishing of one job.
+type done struct {
+	Job     *job
+	Outcome string
+	At      time.Time // now, or for retry when to try again
+}
+
+// finish applies outcomes in one pipeline. gap: the least time between
+// two notifications of one (device, conversation); keep: how long the
+// last notification is remembered.
+func (q *queue) finish(ctx context.Context, ds []done, gap, keep time.Duration) error {
+	_, err := scripts.RunPipelined(ctx, q.rdb, func(p redis.Pipeliner) {
+		for _, d := range ds {
+			j := d.Job
+			sent, isMsg := q.jobsKey(j.Shard), "0"
+			if j.ID[0] == jobMsg {
+				sent, isMsg = q.sentKey(j.Shard, j.Body.Device, j.Body.Conv), "1"
+			}
+			scripts.NotifyDone.EvalSha(ctx, p, []string{q.dueKey(j.Shard), q.jobsKey(j.Shard), sent},
+				j.ID, j.Seq, j.Count, d.Outcome, d.At.UnixMilli(), gap.Milliseconds(), keep.Milliseconds(), isMsg)
+		}
+	})
+	return err
+}
+
+// lastSent returns the seq of the last notification of each (device,
+// conv) of shard (0: none remembered).
+func (q *queue) lastSent(ctx context.Context, shard int, conv string, devices []string) (map[string]int64, error) {
+	cmds := make([]*redis.StringCmd, len(devices))
+	_, err := q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, d := range devices {
+			cmds[i] = p.Get(ctx, q.sentKey(shard, d, conv))
+		}
+		return nil
+	})
+	if err != nil && err != redis.Nil {
+		return nil, err
+	}
+	out := make(map[string]int64, len(devices))
+	for i, c := range cmds {
+		v, err := c.Result()
+		if err != nil {
+			continue
+		}
+		s, _, _ := strings.Cut(v, "|")
+		n, _ := strconv.ParseInt(s, 10, 64)
+		out[devices[i]] = n
+	}
+	return out, nil
+}
+
+// backlog counts the jobs of every shard.
+func (q *queue) backlog(ctx context.Context) (int64, error) {
+	cmds := make([]*redis.IntCmd, q.shards)
+	_, err := q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for s := range q.shards {
+			cmds[s] = p.HLen(ctx, q.jobsKey(s))
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	for _, c := range cmds {
+		n += c.Val()
+	}
+	return n, nil
+}

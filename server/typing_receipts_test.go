@@ -1,0 +1,219 @@
+package server_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/parley-im/parley/test/parleytest"
+	"github.com/parley-im/parley/wire"
+)
+
+// nextFrame returns the first frame of frames that match accepts, or fails
+// after within.
+func nextFrame(t *testing.T, frames chan wire.Message, within time.Duration, what string, match func(wire.Message) bool) wire.Message {
+	t.Helper()
+	deadline := time.After(within)
+	for {
+		select {
+		case m := <-frames:
+			if match(m) {
+				return m
+			}
+		case <-deadline:
+			t.Fatalf("no %s within %s", what, within)
+		}
+	}
+}
+
+// noFrame fails if a frame matching match arrives within d.
+func noFrame(t *testing.T, frames chan wire.Message, d time.Duration, what string, match func(wire.Message) bool) {
+	t.Helper()
+	deadline := time.After(d)
+	for {
+		select {
+		case m := <-frames:
+			if match(m) {
+				t.Fatalf("unexpected %s: %+v", what, m)
+			}
+		case <-deadline:
+			return
+		}
+	}
+}
+
+func isTyping(conv, user string) func(wire.Message) bool {
+	return func(m wire.Message) bool { return m.T == wire.TTyping && m.Conv == conv && m.User == user }
+}
+
+// typing reaches the other current members' online devices (not the
+// typist's own other devices) in push-tier conversations, at most once per
+// device and conversation per 2 s; nothing is stored. A non-member gets
+// NOT_MEMBER; in an online-tier conversation it is skipped silently.
+func TestTyping(t *testing.T) {
+	cfg := parleytest.Config(t)
+	cfg.WriteFanoutMax, cfg.OnlineFanoutMax = 4, 10 // g (3 members): push; big (4): online
+	env := parleytest.Start(t, cfg)
+	ana := env.User(t, "ana", 2)
+	ben := env.User(t, "ben", 1)[0]
+	cy := env.User(t, "cy", 1)[0]
+	out := env.User(t, "out", 1)[0]
+	env.User(t, "dan", 1)
+	env.Group(t, "g", "ana", "ben", "cy")
+	env.Group(t, "big", "ana", "ben", "cy", "dan")
+	ca, _ := dial(t, env, ana[0])
+	_, fa2 := dial(t, env, ana[1])
+	_, fb := dial(t, env, ben)
+	_, fc := dial(t, env, cy)
+	co, fo := dial(t, env, out)
+	head := headOf(t, env, "g")
+
+	if err := ca.Typing("g"); err != nil {
+		t.Fatal(err)
+	}
+	nextFrame(t, fb, 5*time.Second, "typing on ben's device", isTyping("g", "ana"))
+	nextFrame(t, fc, 5*time.Second, "typing on cy's device", isTyping("g", "ana"))
+	// A flood within 2 s: dropped.
+	for range 20 {
+		if err := ca.Typing("g"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	noFrame(t, fb, 500*time.Millisecond, "a second typing within 2 s", isTyping("g", "ana"))
+	noFrame(t, fa2, 0, "typing on the typist's other device", isTyping("g", "ana"))
+	time.Sleep(2 * time.Second) // the interval passing is what is tested
+	if err := ca.Typing("g"); err != nil {
+		t.Fatal(err)
+	}
+	nextFrame(t, fb, 5*time.Second, "typing after 2 s", isTyping("g", "ana"))
+
+	// In the online tier: skipped, no error.
+	if err := ca.Typing("big"); err != nil {
+		t.Fatal(err)
+	}
+	noFrame(t, fb, 500*time.Millisecond, "typing in an online-tier conversation", isTyping("big", "ana"))
+	// A non-member: NOT_MEMBER (a frame without rid).
+	if err := co.Typing("g"); err != nil {
+		t.Fatal(err)
+	}
+	m := nextFrame(t, fo, 5*time.Second, "NOT_MEMBER for typing", func(m wire.Message) bool { return m.T == wire.TError })
+	if m.Code != wire.NotMember {
+		t.Fatalf("typing by a non-member: %+v", m)
+	}
+	noFrame(t, fb, 300*time.Millisecond, "typing of a non-member", isTyping("g", "out"))
+	if h := headOf(t, env, "g"); h != head {
+		t.Fatalf("typing moved head %d -> %d", head, h)
+	}
+}
+
+func isReceipt(conv, user string) func(wire.Message) bool {
+	return func(m wire.Message) bool { return m.T == wire.TReceipt && m.Conv == conv && m.User == user }
+}
+
+// receipts lists the current members' read positions (push tier only);
+// a member's read advance reaches the other members' online devices as a
+// receipt, at most one per (conversation, user) a second over all
+// gateways, the newest position last; users with receipts_private are left
+// out of both.
+func TestReceipts(t *testing.T) {
+	cfg := parleytest.Config(t)
+	cfg.WriteFanoutMax, cfg.OnlineFanoutMax = 4, 10
+	gw1 := parleytest.Start(t, cfg)
+	gw2 := parleytest.Start(t, cfg)
+	ana := gw1.User(t, "ana", 1)[0]
+	ben := gw1.User(t, "ben", 2)
+	cy := gw1.User(t, "cy", 1)[0]
+	out := gw1.User(t, "out", 1)[0]
+	gw1.User(t, "dan", 1)
+	gw1.Group(t, "g", "ana", "ben", "cy")
+	gw1.Group(t, "big", "ana", "ben", "cy", "dan")
+	ca, fa := dial(t, gw1, ana)
+	cb1, _ := dial(t, gw1, ben[0])
+	cb2, fb2 := dial(t, gw2, ben[1])
+	cc, fc := dial(t, gw2, cy)
+	co, _ := dial(t, gw1, out)
+	var seqs []int64
+	for i := range 5 {
+		m, err := ca.Send(ctx(t), "g", string(rune('a'+i)), []byte("x"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		seqs = append(seqs, m.Seq)
+	}
+
+	r, err := cb1.Receipts(ctx(t), "g")
+	if err != nil || len(r.Reads) != 3 {
+		t.Fatalf("receipts: %+v %v", r, err)
+	}
+	for _, u := range r.Reads {
+		if u.Read != 0 && u.User != "ana" {
+			t.Fatalf("receipts before any read: %+v", r.Reads)
+		}
+	}
+	if _, err := co.Receipts(ctx(t), "g"); wire.CodeOf(err) != wire.NotMember {
+		t.Fatalf("receipts by a non-member: %v", err)
+	}
+	if _, err := ca.Receipts(ctx(t), "big"); wire.CodeOf(err) != wire.Forbidden {
+		t.Fatalf("receipts in an online-tier conversation: %v", err)
+	}
+
+	// ben reads on gw1: ana (gw1) and cy (gw2) get a receipt; ben's other
+	// device gets read_changed only.
+	if _, err := cb1.Read(ctx(t), "g", seqs[1]); err != nil {
+		t.Fatal(err)
+	}
+	for who, frames := range map[string]chan wire.Message{"ana": fa, "cy": fc} {
+		m := nextFrame(t, frames, 5*time.Second, "receipt on "+who, isReceipt("g", "ben"))
+		if m.Read != seqs[1] {
+			t.Fatalf("%s: receipt %+v, want read %d", who, m, seqs[1])
+		}
+	}
+	noFrame(t, fb2, 200*time.Millisecond, "a receipt on the reader's own device", isReceipt("g", "ben"))
+	// Reads on both gateways within the window: one receipt when it
+	// closes, with the newest position.
+	start := time.Now()
+	if _, err := cb2.Read(ctx(t), "g", seqs[2]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cb1.Read(ctx(t), "g", seqs[3]); err != nil {
+		t.Fatal(err)
+	}
+	m := nextFrame(t, fa, 5*time.Second, "the coalesced receipt", isReceipt("g", "ben"))
+	if m.Read != seqs[3] || time.Since(start) < 500*time.Millisecond {
+		t.Fatalf("coalesced receipt %+v after %s, want read %d about a second after the first", m, time.Since(start), seqs[3])
+	}
+	noFrame(t, fa, 1500*time.Millisecond, "a second coalesced receipt", isReceipt("g", "ben"))
+	r, err = ca.Receipts(ctx(t), "g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range r.Reads {
+		if u.User == "ben" && u.Read != seqs[3] {
+			t.Fatalf("receipts: ben at %d, want %d", u.Read, seqs[3])
+		}
+	}
+
+	// cy goes private: left out of receipts, and cy's reads send none.
+	if s, err := cc.SetReceiptsPrivate(ctx(t), true); err != nil || !s.ReceiptsPrivate {
+		t.Fatalf("settings: %+v %v", s, err)
+	}
+	r, err = ca.Receipts(ctx(t), "g")
+	if err != nil || len(r.Reads) != 2 {
+		t.Fatalf("receipts with cy private: %+v %v", r.Reads, err)
+	}
+	for _, u := range r.Reads {
+		if u.User == "cy" {
+			t.Fatalf("receipts show a private user: %+v", r.Reads)
+		}
+	}
+	if _, err := cc.Read(ctx(t), "g", seqs[4]); err != nil {
+		t.Fatal(err)
+	}
+	noFrame(t, fa, 1500*time.Millisecond, "a receipt of a private user", isReceipt("g", "cy"))
+	if s, err := cc.SetReceiptsPrivate(ctx(t), false); err != nil || s.ReceiptsPrivate {
+		t.Fatalf("settings back: %+v %v", s, err)
+	}
+	r, err = ca.Receipts(ctx(t), "g")
+	if err != nil || len(r.Reads) != 3 {
+		t.Fatalf("receipts with cy public again: %+v %v", r.Reads, err)
+	}
+}

@@ -1,0 +1,246 @@
+package store
+
+import (
+	"context"
+	"errors"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Registration is a device's notification address (docs/notifications.md).
+type Registration struct {
+	Device       string
+	User         string
+	Provider     string // "apns", "fcm" or "webhook"
+	Token        string
+	Sandbox      bool
+	RegisteredAt int64 // Unix ms
+}
+
+// RegisterNotify stores r as its device's registration, replacing any
+// earlier one. ErrNotFound if the device does not exist.
+func (s *Store) RegisterNotify(ctx context.Context, r Registration) error {
+	_, err := s.pool.Exec(ctx, `INSERT INTO notify_registrations (device_id, user_id, provider, token, sandbox, registered_at)
+		VALUES ($1, $2, $3, $4, $5, $6)
+		ON CONFLICT (device_id) DO UPDATE SET user_id = excluded.user_id, provider = excluded.provider, token = excluded.token,
+			sandbox = excluded.sandbox, registered_at = excluded.registered_at`,
+		r.Device, r.User, r.Provider, r.Token, r.Sandbox, r.RegisteredAt)
+	if isForeignKeyViolation(err) {
+		return ErrNotFound
+	}
+	return err
+}
+
+// UnregisterNotify deletes the device's registration, if any.
+func (s *Store) UnregisterNotify(ctx context.Context, device string) error {
+	_, err := s.pool.Exec(ctx, `DELETE FROM notify_registrations WHERE device_id = $1`, device)
+	return err
+}
+
+// DropNotifyToken deletes the device's registration if it still holds
+// token (a provider said the token is invalid; a newer registration of
+// the device stays). It reports whether one was deleted.
+func (s *Store) DropNotifyToken(ctx context.Context, device, token string) (bool, error) {
+	tag, err := s.pool.Exec(ctx, `DELETE FROM notify_registrations WHERE device_id = $1 AND token = $2`, device, token)
+	return tag.RowsAffected() > 0, err
+}
+
+// NotifyRegistrations returns the registrations of the devices among
+// devices that have one, by device id.
+func (s *Store) NotifyRegistrations(ctx context.Context, devices []string) (map[string]Registration, error) {
+	rows, err := s.pool.Query(ctx, `SELECT device_id, user_id, provider, token, sandbox, registered_at
+		FROM notify_registrations WHERE device_id = ANY($1)`, devices)
+	if err != nil {
+		return nil, err
+	}
+	regs, err := pgx.CollectRows(rows, scanRegistration)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]Registration, len(regs))
+	for _, r := range regs {
+		out[r.Device] = r
+	}
+	return out, nil
+}
+
+// UserRegistrations returns the registrations of user's devices.
+func (s *Store) UserRegistrations(ctx context.Context, user string) ([]Registration, error) {
+	rows, err := s.pool.Query(ctx, `SELECT device_id, user_id, provider, token, sandbox, registered_at
+		FROM notify_registrations WHERE user_id = $1 ORDER BY device_id`, user)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, scanRegistration)
+}
+
+func scanRegistration(r pgx.CollectableRow) (Registration, error) {
+	var g Registration
+	err := r.Scan(&g.Device, &g.User, &g.Provider, &g.Token, &g.Sandbox, &g.RegisteredAt)
+	return g, err
+}
+
+// SetMute sets user's muted_until in conv (Unix ms; 0 unmutes).
+// ErrNotMember if the user was never a member of conv (or it does not
+// exist); a former member may still set it.
+func (s *Store) SetMute(ctx context.Context, user, conv string, mutedUntil int64) error {
+	tag, err := s.pool.Exec(ctx, `INSERT INTO conv_settings (user_id, conv_id, muted_until)
+		SELECT $1, $2, $3 WHERE EXISTS (SELECT 1 FROM membership_periods WHERE conv_id = $2 AND user_id = $1)
+		ON CONFLICT (user_id, conv_id) DO UPDATE SET muted_until = excluded.muted_until`, user, conv, mutedUntil)
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() == 0 {
+		return ErrNotMember
+	}
+	return nil
+}
+
+// NotifyEvent names a committed event to consider for notifications;
+// MentionsOnly restricts the recipients to the users it mentions (the pull
+// tier).
+type NotifyEvent struct {
+	Conv         string
+	Seq          int64
+	MentionsOnly bool
+}
+
+// NotifyTarget is one registered device of a recipient of a message, as
+// the notification policy needs it.
+type NotifyTarget struct {
+	Event      int // index into the events asked for
+	Sender     string
+	Ts         int64
+	Title      string // the conversation's title
+	Body       []byte
+	Reg        Registration
+	Delivered  int64 // the device's delivery cursor in the conversation
+	MutedUntil int64 // the user's muted_until there
+	Mentioned  bool
+}
+
+// NotifyTargets returns, for each event that is a msg not recalled, the
+// registered devices of its recipients: users other than the sender whose
+// membership periods contain its seq (only those it mentions, for
+// MentionsOnly events), with their cursors and mute settings, read in one
+// statement.
+func (s *Store) NotifyTargets(ctx context.Context, evs []NotifyEvent) ([]NotifyTarget, error) {
+	convs, seqs, only := make([]string, len(evs)), make([]int64, len(evs)), make([]bool, len(evs))
+	for i, e := range evs {
+		convs[i], seqs[i], only[i] = e.Conv, e.Seq, e.MentionsOnly
+	}
+	rows, err := s.pool.Query(ctx, `SELECT k.i - 1, e.sender, e.ts, c.title, coalesce(e.body, ''::bytea),
+			r.device_id, r.user_id, r.provider, r.token, r.sandbox, r.registered_at,
+			coalesce(dc.delivered_seq, 0), coalesce(cs.muted_until, 0), coalesce(m.user_id = ANY(e.mentions), false)
+		FROM unnest($1::text[], $2::bigint[], $3::bool[]) WITH ORDINALITY AS k(conv, seq, only_mentions, i)
+		JOIN conversations c ON c.conv_id = k.conv
+		JOIN events e ON e.conv_key = c.conv_key AND e.seq = k.seq AND e.kind = 1 AND e.recalled_by IS NULL
+		JOIN membership_periods m ON m.conv_id = k.conv AND m.from_seq <= k.seq AND (m.to_seq IS NULL OR m.to_seq >= k.seq)
+			AND m.user_id <> e.sender AND (NOT k.only_mentions OR m.user_id = ANY(e.mentions))
+		JOIN notify_registrations r ON r.user_id = m.user_id
+		LEFT JOIN device_cursors dc ON dc.device_id = r.device_id AND dc.conv_id = k.conv
+		LEFT JOIN conv_settings cs ON cs.user_id = m.user_id AND cs.conv_id = k.conv`, convs, seqs, only)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (NotifyTarget, error) {
+		var t NotifyTarget
+		err := r.Scan(&t.Event, &t.Sender, &t.Ts, &t.Title, &t.Body, &t.Reg.Device, &t.Reg.User, &t.Reg.Provider, &t.Reg.Token,
+			&t.Reg.Sandbox, &t.Reg.RegisteredAt, &t.Delivered, &t.MutedUntil, &t.Mentioned)
+		return t, err
+	})
+}
+
+// RecallInfo is a recall event as notifications need it: the recalled
+// seq, and the registered devices of users whose periods contain it.
+type RecallInfo struct {
+	Target  int64
+	Devices []Registration
+}
+
+// RecallTargets reads the recall event at (conv, seq). ErrNotFound if it
+// is not a recall.
+func (s *Store) RecallTargets(ctx context.Context, conv string, seq int64) (RecallInfo, error) {
+	var ri RecallInfo
+	err := s.pool.QueryRow(ctx, `SELECT coalesce(e.target, 0) FROM conversations c JOIN events e ON e.conv_key = c.conv_key
+		WHERE c.conv_id = $1 AND e.seq = $2 AND e.kind = 4`, conv, seq).Scan(&ri.Target)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ri, ErrNotFound
+	}
+	if err != nil {
+		return ri, err
+	}
+	rows, err := s.pool.Query(ctx, `SELECT r.device_id, r.user_id, r.provider, r.token, r.sandbox, r.registered_at
+		FROM membership_periods m JOIN notify_registrations r ON r.user_id = m.user_id
+		WHERE m.conv_id = $1 AND m.from_seq <= $2 AND (m.to_seq IS NULL OR m.to_seq >= $2)`, conv, ri.Target)
+	if err != nil {
+		return ri, err
+	}
+	ri.Devices, err = pgx.CollectRows(rows, scanRegistration)
+	return ri, err
+}
+
+// DeviceConv is a (device, conversation) pair.
+type DeviceConv struct{ Device, Conv string }
+
+// DeliveredOf returns the delivery cursors of the pairs (0 when none).
+func (s *Store) DeliveredOf(ctx context.Context, pairs []DeviceConv) (map[DeviceConv]int64, error) {
+	devs, convs := make([]string, len(pairs)), make([]string, len(pairs))
+	for i, p := range pairs {
+		devs[i], convs[i] = p.Device, p.Conv
+	}
+	rows, err := s.pool.Query(ctx, `SELECT dc.device_id, dc.conv_id, dc.delivered_seq
+		FROM unnest($1::text[], $2::text[]) AS k(device, conv)
+		JOIN device_cursors dc ON dc.device_id = k.device AND dc.conv_id = k.conv`, devs, convs)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[DeviceConv]int64, len(pairs))
+	for rows.Next() {
+		var p DeviceConv
+		var d int64
+		if err := rows.Scan(&p.Device, &p.Conv, &d); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		out[p] = d
+	}
+	return out, rows.Err()
+}
+
+// UnreadTotals returns each user's total unread count over every
+// conversation they are or were a member of (the per-conversation unread
+// of docs/protocol.md §4, summed), read in one snapshot.
+func (s *Store) UnreadTotals(ctx context.Context, users []string) (map[string]int64, error) {
+	rows, err := s.pool.Query(ctx, unreadTotalsSQL, users)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]int64, len(users))
+	for rows.Next() {
+		var u string
+		var n int64
+		if err := rows.Scan(&u, &n); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		out[u] = n
+	}
+	return out, rows.Err()
+}
+
+// unreadTotalsSQL sums parley_unread_of over each user's conversations
+// ($1: users). Conversations whose head is not above the read position
+// (most of a user's, usually) have nothing unread and are skipped by an
+// index probe instead of being counted.
+const unreadTotalsSQL = `SELECT k.usr, coalesce(t.n, 0)::bigint
+  FROM unnest($1::text[]) AS k(usr)
+  LEFT JOIN LATERAL (
+        SELECT sum(x.unread) AS n
+          FROM (SELECT p.conv_id, coalesce(rp.read_seq, 0) AS r
+                  FROM (SELECT DISTINCT conv_id FROM membership_periods WHERE user_id = k.usr) p
+                  LEFT JOIN read_positions rp ON rp.user_id = k.usr AND rp.conv_id = p.conv_id
+                 WHERE (SELECT e.seq FROM conversations cv JOIN events e ON e.conv_key = cv.conv_key
+                         WHERE cv.conv_id = p.conv_id ORDER BY e.seq DESC LIMIT 1) > coalesce(rp.read_seq, 0)
+                OFFSET 0) c
+          CROSS JOIN LATERAL parley_unread_of(c.conv_id, k.usr, c.r) x) t ON true`
