@@ -165,7 +165,7 @@ func (g *Gateway) auth(ctx context.Context, s *Session, req *wire.Request) {
 	}
 	g.metrics.auths.WithLabelValues(method, result).Inc()
 	if we != nil {
-		g.log.Debug("auth failed", "device", req.Device, "method", method, "result", result, "addr", s.addr)
+		g.log.Debug("auth failed", "device", req.Device, "addr", s.addr, "method", method, "result", result)
 		g.metrics.errors.WithLabelValues(string(we.Code)).Inc()
 		s.fail(req.Rid, we)
 		return
@@ -212,7 +212,7 @@ func (g *Gateway) auth(ctx context.Context, s *Session, req *wire.Request) {
 		_ = g.deps.Routes.RemoveOnline(ctx, s.device, s.token)
 		return
 	}
-	g.log.Debug("authenticated", "device", dev.ID, "user", dev.User, "method", method, "addr", s.addr, "websocket", s.ws != nil)
+	g.log.Debug("authenticated", "device", dev.ID, "user", dev.User, "addr", s.addr, "websocket", s.ws != nil, "method", method)
 	ok := wire.AuthOK{T: wire.TAuthOK, Rid: req.Rid, User: dev.User, Device: dev.ID,
 		InstallEpoch: dev.InstallEpoch, Ts: time.Now().UnixMilli()}
 	if s.jwt {
