@@ -242,12 +242,21 @@ func runNotify(ctx context.Context, r *runner) error {
 		conns[g%cfg.Senders].send(convs[g].ID, k, intended)
 	})
 
-	// The acking receivers ack what they hold now (the load's acks stop
-	// with it), as a device that keeps reading would.
+	// The acking receivers go on acking what they hold for half of
+	// notify_delay after the load (the load's acks stop with it), as a
+	// connected device keeps doing: pushes of the last commits may still
+	// be arriving, and one acked only after notify_delay is notified.
 	if cfg.AckDelay > 0 {
 		r.acking.Store(true)
-		for _, c := range conns[cfg.Senders:] {
-			c.flushAcks()
+		end := time.Now().Add(max(cfg.NotifyDelay/2, 100*time.Millisecond))
+		for {
+			for _, c := range conns[cfg.Senders:] {
+				c.flushAcks()
+			}
+			if !time.Now().Before(end) {
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
 		}
 		r.acking.Store(false)
 	}
