@@ -58,7 +58,7 @@ SELECT f.head, w.cleared, w.read, w.read > coalesce(w.prev_read, 0), u.unread
 func (s *Store) Clear(ctx context.Context, user, conv string, seq int64) (ClearResult, error) {
 	var r ClearResult
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, lockReadersSQL, readLockKeys([]string{user})); err != nil {
+		if _, err := tx.Exec(ctx, lockExclusiveSQL, lockKeys(readLockNS, []string{user})); err != nil {
 			return err
 		}
 		var head int64

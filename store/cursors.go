@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"maps"
-	"slices"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -47,7 +46,6 @@ var (
 // an ack. A reinstall takes the same lock, so an ack of the old install is
 // written before it (and deleted by it) or sees the new install_epoch and
 // changes nothing.
-const lockDevicesSQL = `SELECT count(pg_advisory_xact_lock(k)) FROM unnest($1::bigint[]) k`
 
 // mergeAcksOK picks a batch's acks of the device's current install
 // ($1…$5: device, conv, epoch, seq, user). Known acks
@@ -92,18 +90,7 @@ const (
 
 // deviceLockKey is the advisory lock key of device's cursors.
 func deviceLockKey(device string) int64 {
-	return changeLockKey("device\x00" + device)
-}
-
-// deviceLockKeys returns the cursor lock keys of devices, sorted and
-// distinct.
-func deviceLockKeys(devices []string) []int64 {
-	keys := make([]int64, len(devices))
-	for i, d := range devices {
-		keys[i] = deviceLockKey(d)
-	}
-	slices.Sort(keys)
-	return slices.Compact(keys)
+	return changeLockKey(deviceLockNS + device)
 }
 
 const diagnoseCursorSQL = `
@@ -236,7 +223,7 @@ func (s *Store) diagnoseCursor(ctx context.Context, u CursorUpdate) (why, err er
 // queryCursors runs a merge statement and calls row for each row it returns.
 func (s *Store) queryCursors(ctx context.Context, sql string, args []any, row func(device, conv string, epoch, delivered int64)) error {
 	b := &pgx.Batch{}
-	b.Queue(lockDevicesSQL, deviceLockKeys(args[0].([]string)))
+	b.Queue(lockExclusiveSQL, lockKeys(deviceLockNS, args[0].([]string)))
 	b.Queue(sql, args...)
 	br := s.pool.SendBatch(ctx, b)
 	defer br.Close()

@@ -169,7 +169,7 @@ func (s *Store) insertMessages(ctx context.Context, msgs []NewMessage, recipient
 		query = insertMessagesTolerantSQL
 	}
 	b := &pgx.Batch{}
-	b.Queue(lockSharedSQL, changeLockKeys(convs))
+	b.Queue(lockSharedSQL, lockKeys("", convs))
 	b.Queue(query, convs, seqs, senders, cmids, bodies, tss, recipientsBelow, mentions)
 	br := s.pool.SendBatch(ctx, b)
 	defer br.Close()
@@ -239,12 +239,25 @@ type querier interface {
 // above those it holds, so batches and changes cannot wait in a cycle.
 const lockSharedSQL = `SELECT count(pg_advisory_xact_lock_shared(k)) FROM unnest($1::bigint[]) k`
 
-// changeLockKeys returns the change-lock keys of convs, sorted and
-// distinct.
-func changeLockKeys(convs []string) []int64 {
-	keys := make([]int64, len(convs))
-	for i, c := range convs {
-		keys[i] = changeLockKey(c)
+// lockExclusiveSQL takes the advisory locks $1 (sorted, distinct)
+// exclusively, until the end of the transaction: the device cursor locks
+// of a cursor merge, the read locks of a read-position merge.
+const lockExclusiveSQL = `SELECT count(pg_advisory_xact_lock(k)) FROM unnest($1::bigint[]) k`
+
+// Advisory lock namespaces: a conversation's change lock is keyed by its
+// id alone, a device's cursor lock and a user's read lock by their id
+// after these prefixes.
+const (
+	deviceLockNS = "device\x00"
+	readLockNS   = "read\x00"
+)
+
+// lockKeys returns the advisory lock keys of ids in namespace ns, sorted
+// and distinct (so a transaction takes them in one order).
+func lockKeys(ns string, ids []string) []int64 {
+	keys := make([]int64, len(ids))
+	for i, id := range ids {
+		keys[i] = changeLockKey(ns + id)
 	}
 	slices.Sort(keys)
 	return slices.Compact(keys)

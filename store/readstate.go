@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"math"
-	"slices"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -34,7 +33,7 @@ type ReadResult struct {
 // markReadsSQL merges a batch of read reports (one per (user, conv)) in one
 // statement: each is capped at the end of the user's last membership period
 // and max-merged, so it never goes back; unread is derived for the merged
-// value. It runs after lockReadersSQL has taken the batch's users' read
+// value. It runs after lockExclusiveSQL has taken the batch's users' read
 // locks, so its snapshot sees their read positions exactly (every write of
 // a read position holds its user's lock): it raises (UPDATE) or adds
 // (INSERT) only the positions that move. An upsert wrote a WAL record per
@@ -66,20 +65,6 @@ SELECT f.idx, f.n, f.head, w.merged, f.prev, coalesce(u.unread, 0)
   FROM facts f
   LEFT JOIN (SELECT usr, conv, greatest(coalesce(prev, target), target) AS merged FROM want) w ON w.usr = f.usr AND w.conv = f.conv
   LEFT JOIN LATERAL parley_unread_of(f.conv, f.usr, w.merged) u ON w.merged IS NOT NULL`
-
-// lockReadersSQL takes the read locks of users ($1: readLockKeys), until
-// the end of the transaction.
-const lockReadersSQL = `SELECT count(pg_advisory_xact_lock(k)) FROM unnest($1::bigint[]) k`
-
-// readLockKeys returns the read lock keys of users, sorted and distinct.
-func readLockKeys(users []string) []int64 {
-	keys := make([]int64, len(users))
-	for i, u := range users {
-		keys[i] = changeLockKey("read\x00" + u)
-	}
-	slices.Sort(keys)
-	return slices.Compact(keys)
-}
 
 // MarkReads max-merges a batch of read reports in one statement (group
 // commit). Reports of one batch for the same (user, conv) are merged first.
@@ -130,7 +115,7 @@ func (s *Store) MarkReads(ctx context.Context, ups []ReadUpdate) ([]ReadResult, 
 
 func (s *Store) markReads(ctx context.Context, users, convs []string, seqs []int64, out []ReadResult) error {
 	b := &pgx.Batch{}
-	b.Queue(lockReadersSQL, readLockKeys(users))
+	b.Queue(lockExclusiveSQL, lockKeys(readLockNS, users))
 	b.Queue(markReadsSQL, users, convs, seqs, int64(math.MaxInt64))
 	br := s.pool.SendBatch(ctx, b)
 	defer br.Close()

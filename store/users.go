@@ -92,7 +92,7 @@ func (s *Store) DevicesByID(ctx context.Context, ids []string) ([]Device, error)
 // Reinstall starts a new install of the device: install_epoch + 1, its
 // delivery cursors and its notification registration deleted, in one
 // transaction. Read positions (per user) are untouched. It holds the
-// device's cursor lock (see lockDevicesSQL), so acks still in flight from
+// device's cursor lock (see mergeCursorsSQL), so acks still in flight from
 // the old install either are written before this (and deleted by it) or
 // see the new epoch.
 func (s *Store) Reinstall(ctx context.Context, id string) (int64, error) {
