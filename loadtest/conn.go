@@ -329,7 +329,7 @@ func (c *Conn) fireAndForget(req wire.Request) {
 func (c *Conn) doSend(conv, cmid string, body []byte, intended int64) {
 	r := c.r
 	m, err := c.c.Send(r.ctx, conv, cmid, body) // r.ctx ends when the runner closes
-	r.inflight.Add(-1)
+	defer r.inflight.Add(-1) // after the reply is recorded, as in onFrame
 	if err != nil {
 		r.errs.Add(errCode(err), 1)
 		return
@@ -513,7 +513,11 @@ func (c *Conn) onFrame(m wire.Message) {
 			r.badReplies.Add(1)
 			return
 		}
-		r.inflight.Add(-1)
+		// inflight drops after the reply is counted and recorded: the
+		// warm-up's drain waits for inflight 0 and then resets the
+		// histograms, so a reply recorded after the drop could land in
+		// the window while its count stayed in the warm-up.
+		defer r.inflight.Add(-1)
 		if m.T == wire.TError {
 			r.errs.Add(string(m.Code), 1)
 			return

@@ -296,7 +296,7 @@ func (c *Conn) readReply(msg wire.Message) {
 // readDone records a read's outcome.
 func (c *Conn) readDone(msg wire.Message, err error, intended, seq int64) {
 	m := c.r.mix
-	m.inflight.Add(-1)
+	defer m.inflight.Add(-1) // after the outcome is recorded: see onFrame
 	if err != nil {
 		c.r.errs.Add("READ_"+errCode(err), 1)
 		return
