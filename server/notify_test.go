@@ -234,7 +234,7 @@ func TestNotifyMutedUnlessMentioned(t *testing.T) {
 	register(t, cb, "webhook", "tok")
 	until := time.Now().Add(time.Hour).UnixMilli()
 	r, err := cb.Do(ctx(t), wire.Request{T: wire.TConvSettings, Conv: "g", MutedUntil: until})
-	if err != nil || r.T != wire.TConvSettingsOK || r.MutedUntil != until || r.Conv != "g" {
+	if err != nil || r.T != wire.TConvSettingsOK || r.Muted() != until || r.Conv != "g" {
 		t.Fatalf("conv_settings: %+v %v", r, err)
 	}
 	convs, err := cb.Convs(ctx(t), 10, "")

@@ -36,12 +36,14 @@ type Message struct {
 	Body            []byte     `msgpack:"body,omitempty"`
 	Users           []string   `msgpack:"users,omitempty"`
 	Mentions        []string   `msgpack:"mentions,omitempty"`
-	MutedUntil      int64      `msgpack:"muted_until,omitempty"`
 	Reason          string     `msgpack:"reason,omitempty"`
 	Code            Code       `msgpack:"code,omitempty"`
 	Msg             string     `msgpack:"msg,omitempty"`
 	RetryAfterMs    int64      `msgpack:"retry_after_ms,omitempty"`
 	ExpiresAt       int64      `msgpack:"expires_at,omitempty"`
+	// Update: what an update push changed; its MutedUntil is also
+	// conv_settings_ok's muted_until.
+	Update
 }
 
 // Item is one element of convs_ok.items or snapshot_ok.items: the union of
@@ -89,7 +91,7 @@ func (m *Message) Err() *Error {
 // Event returns the event a `push` frame carries.
 func (m *Message) Event() Event {
 	return Event{Seq: m.Seq, Kind: m.Kind, Sender: m.Sender, Body: m.Body, Ts: m.Ts,
-		Cmid: m.Cmid, Target: m.Target, Users: m.Users, Mentions: m.Mentions}
+		Cmid: m.Cmid, Target: m.Target, Users: m.Users, Mentions: m.Mentions, Update: m.Update}
 }
 
 // DecodeMessage decodes one server→client frame body (without the length
@@ -274,6 +276,9 @@ func (r *reader) event(depth int, ev *Event) *Error {
 		case "edited":
 			return r.getInt("edited", &ev.Edited)
 		}
+		if ok, err := ev.Update.field(r, string(k)); ok {
+			return err
+		}
 		return r.skip(depth + 1)
 	})
 }
@@ -431,8 +436,9 @@ func (m *Message) decode(r *reader) *Error {
 			return r.getStrs("users", &m.Users)
 		case "mentions":
 			return r.getStrs("mentions", &m.Mentions)
-		case "muted_until":
-			return r.getInt("muted_until", &m.MutedUntil)
+		case "role", "banned", "title", "invite", "muted_until":
+			_, err := m.Update.field(r, string(k))
+			return err
 		case "reason":
 			return r.getStr("reason", &m.Reason)
 		case "code":
@@ -489,6 +495,8 @@ func messageType(p []byte) string {
 		return TReceipt
 	case TRefreshOK:
 		return TRefreshOK
+	case TUpdateOK:
+		return TUpdateOK
 	case TPush:
 		return TPush
 	case THint:

@@ -239,12 +239,13 @@ type Event struct {
 	// Edited is the ts of the message's newest edit (msg only; Body is
 	// then the edited body).
 	Edited int64 `msgpack:"edited,omitempty"`
+	Update // what an update event changed
 }
 
 func (ev Event) appendMsgpack(b []byte) []byte { return ev.appendTo(b) }
 
 func (ev *Event) appendTo(b []byte) []byte {
-	b = appendMapLen(b, 5+count(ev.Cmid != "", ev.Recalled, ev.Target != 0, len(ev.Users) > 0, len(ev.Mentions) > 0, ev.Edited != 0))
+	b = appendMapLen(b, 5+ev.Update.fields()+count(ev.Cmid != "", ev.Recalled, ev.Target != 0, len(ev.Users) > 0, len(ev.Mentions) > 0, ev.Edited != 0))
 	b = kvInt(b, "seq", ev.Seq)
 	b = kvStr(b, "kind", ev.Kind)
 	b = kvStr(b, "sender", ev.Sender)
@@ -268,7 +269,7 @@ func (ev *Event) appendTo(b []byte) []byte {
 	if ev.Edited != 0 {
 		b = kvInt(b, "edited", ev.Edited)
 	}
-	return b
+	return ev.Update.appendTo(b)
 }
 
 // EncodeMsgpack implements msgpack.CustomEncoder.
@@ -647,24 +648,25 @@ type Push struct {
 	Target   int64    `msgpack:"target,omitempty"`
 	Users    []string `msgpack:"users,omitempty"`
 	Mentions []string `msgpack:"mentions,omitempty"`
+	Update            // what an update event changed
 }
 
 // PushOf returns the push frame for event ev of conversation conv.
 func PushOf(conv string, ev *Event) Push {
 	return Push{T: TPush, Conv: conv, Seq: ev.Seq, Kind: ev.Kind, Sender: ev.Sender,
-		Body: ev.Body, Ts: ev.Ts, Cmid: ev.Cmid, Target: ev.Target, Users: ev.Users, Mentions: ev.Mentions}
+		Body: ev.Body, Ts: ev.Ts, Cmid: ev.Cmid, Target: ev.Target, Users: ev.Users, Mentions: ev.Mentions, Update: ev.Update}
 }
 
 // Event returns the event a push carries.
 func (r *Push) Event() Event {
 	return Event{Seq: r.Seq, Kind: r.Kind, Sender: r.Sender, Body: r.Body, Ts: r.Ts,
-		Cmid: r.Cmid, Target: r.Target, Users: r.Users, Mentions: r.Mentions}
+		Cmid: r.Cmid, Target: r.Target, Users: r.Users, Mentions: r.Mentions, Update: r.Update}
 }
 
 func (r Push) appendMsgpack(b []byte) []byte { return r.appendTo(b) }
 
 func (r *Push) appendTo(b []byte) []byte {
-	b = appendMapLen(b, 7+count(r.Cmid != "", r.Target != 0, len(r.Users) > 0, len(r.Mentions) > 0))
+	b = appendMapLen(b, 7+r.Update.fields()+count(r.Cmid != "", r.Target != 0, len(r.Users) > 0, len(r.Mentions) > 0))
 	b = kvStr(b, "t", orT(r.T, TPush))
 	b = kvStr(b, "conv", r.Conv)
 	b = kvInt(b, "seq", r.Seq)
@@ -684,7 +686,7 @@ func (r *Push) appendTo(b []byte) []byte {
 	if len(r.Mentions) > 0 {
 		b = kvStrs(b, "mentions", r.Mentions)
 	}
-	return b
+	return r.Update.appendTo(b)
 }
 
 // EncodeMsgpack implements msgpack.CustomEncoder.

@@ -21,7 +21,7 @@ var replyTypes = []struct {
 	{AckOK{}, TAckOK}, {ReadOK{}, TReadOK}, {ConvsOK{}, TConvsOK},
 	{SnapshotOK{}, TSnapshotOK}, {RecallOK{}, TRecallOK}, {Push{}, TPush},
 	{Hint{}, THint}, {ReadChanged{}, TReadChanged}, {Kick{}, TKick},
-	{ErrorFrame{}, TError}, {RefreshOK{}, TRefreshOK},
+	{ErrorFrame{}, TError}, {RefreshOK{}, TRefreshOK}, {UpdateOK{}, TUpdateOK},
 }
 
 // fill sets every field of the struct v points to to a non-zero value.
@@ -29,6 +29,14 @@ func fill(v reflect.Value, seed int) {
 	for i := 0; i < v.NumField(); i++ {
 		f := v.Field(i)
 		name := v.Type().Field(i).Name
+		if v.Type().Field(i).Anonymous {
+			fill(f, seed)
+			continue
+		}
+		if f.Kind() == reflect.Pointer {
+			f.Set(reflect.New(f.Type().Elem()))
+			f = f.Elem()
+		}
 		switch f.Kind() {
 		case reflect.String:
 			f.SetString(strings.ToLower(name) + "-" + string(rune('a'+seed)))
@@ -56,6 +64,11 @@ func fill(v reflect.Value, seed int) {
 // omitempty.
 func tagKeys(typ reflect.Type) (all, required []string) {
 	for i := 0; i < typ.NumField(); i++ {
+		if typ.Field(i).Anonymous { // inlined: its keys are typ's
+			a, r := tagKeys(typ.Field(i).Type)
+			all, required = append(all, a...), append(required, r...)
+			continue
+		}
 		tag := typ.Field(i).Tag.Get("msgpack")
 		name, opts, _ := strings.Cut(tag, ",")
 		all = append(all, name)
@@ -219,13 +232,12 @@ func normalize(m *Message) {
 func checkFields(t *testing.T, src, m reflect.Value) {
 	t.Helper()
 	byTag := map[string]reflect.Value{}
-	for i := 0; i < m.NumField(); i++ {
-		name, _, _ := strings.Cut(m.Type().Field(i).Tag.Get("msgpack"), ",")
-		byTag[name] = m.Field(i)
+	for _, f := range taggedFields(m) {
+		byTag[f.name] = f.v
 	}
-	for i := 0; i < src.NumField(); i++ {
-		name, _, _ := strings.Cut(src.Type().Field(i).Tag.Get("msgpack"), ",")
-		want, got := src.Field(i), byTag[name]
+	for _, f := range taggedFields(src) {
+		name := f.name
+		want, got := f.v, byTag[name]
 		if !got.IsValid() {
 			t.Errorf("field %s missing from Message", name)
 			continue
@@ -377,4 +389,24 @@ func TestDecodeMessageBad(t *testing.T) {
 	if err != nil || m.T != "future" {
 		t.Fatalf("%+v %v", m, err)
 	}
+}
+
+type taggedField struct {
+	name string
+	v    reflect.Value
+}
+
+// taggedFields lists the fields of struct v by wire name, those of
+// embedded (inlined) structs included.
+func taggedFields(v reflect.Value) []taggedField {
+	var out []taggedField
+	for i := 0; i < v.NumField(); i++ {
+		if v.Type().Field(i).Anonymous {
+			out = append(out, taggedFields(v.Field(i))...)
+			continue
+		}
+		name, _, _ := strings.Cut(v.Type().Field(i).Tag.Get("msgpack"), ",")
+		out = append(out, taggedField{name, v.Field(i)})
+	}
+	return out
 }

@@ -32,6 +32,9 @@ type Request struct {
 	Sandbox         bool     // notify_register
 	MutedUntil      int64    // conv_settings
 	ReceiptsPrivate bool     // settings
+	User            string   // role, member_mute, ban, unban
+	Role            string   // role
+	Invite          string   // conv_update
 	Has             Field    // bit set of keys present
 }
 
@@ -68,6 +71,9 @@ const (
 	FMutedUntil
 	FReceiptsPrivate
 	FJWT
+	FUser
+	FRole
+	FInvite
 )
 
 var fieldNames = [...]string{
@@ -75,7 +81,7 @@ var fieldNames = [...]string{
 	"body", "seq", "after", "limit", "members", "users", "convs", "mention_all",
 	"mentions", "provider", "sandbox", "muted_until",
 	"receipts_private",
-	"jwt",
+	"jwt", "user", "role", "invite",
 }
 
 // String returns the wire names of the fields in f, separated by '|'.
@@ -137,6 +143,16 @@ func specOf(t string) (fieldSpec, bool) {
 		return fieldSpec{0, FRid}, true
 	case TConvSettings:
 		return fieldSpec{FConv | FMutedUntil, FRid}, true
+	case TRole:
+		return fieldSpec{FConv | FUser | FRole, FRid}, true
+	case TMembersRemove:
+		return fieldSpec{FConv | FUsers, FRid}, true
+	case TMemberMute:
+		return fieldSpec{FConv | FUser | FMutedUntil, FRid}, true
+	case TBan, TUnban:
+		return fieldSpec{FConv | FUser, FRid}, true
+	case TConvUpdate:
+		return fieldSpec{FConv, FRid | FTitle | FInvite}, true
 	}
 	return fieldSpec{}, false
 }
@@ -187,6 +203,18 @@ func requestType(name []byte) string {
 		return TSettings
 	case TRefresh:
 		return TRefresh
+	case TRole:
+		return TRole
+	case TMembersRemove:
+		return TMembersRemove
+	case TMemberMute:
+		return TMemberMute
+	case TBan:
+		return TBan
+	case TUnban:
+		return TUnban
+	case TConvUpdate:
+		return TConvUpdate
 	}
 	return ""
 }
@@ -211,7 +239,10 @@ func wrongType(field string, cl uint8) *Error {
 //     leave: conv; send: conv, cmid, body; sync: conv, after; ack, read,
 //     recall, clear: conv, seq; edit: conv, seq, body; typing, receipts:
 //     conv; settings: receipts_private; snapshot: convs with a conv and an after in every
-//     element). Msg names the field.
+//     element; role: conv, user, role ("owner"|"admin"|"member");
+//     members_remove: conv, users; member_mute: conv, user, muted_until;
+//     ban, unban: conv, user; conv_update: conv and a title or an invite
+//     ("all"|"admins")). Msg names the field.
 //
 // On error the returned Request carries T (when it is a valid type) and Rid
 // (when it decoded as a string), so the error reply can echo rid. Unknown
@@ -361,6 +392,20 @@ func (q *Request) decode(b []byte) *Error {
 		if len(q.Token) > MaxNotifyToken {
 			return &Error{Code: BadRequest, Msg: fmt.Sprintf("token: longer than %d bytes", MaxNotifyToken)}
 		}
+	case TRole:
+		if !ValidRole(q.Role) {
+			return &Error{Code: BadRequest, Msg: `role: must be "owner", "admin" or "member"`}
+		}
+	case TConvUpdate:
+		if q.Has&(FTitle|FInvite) == 0 {
+			return &Error{Code: BadRequest, Msg: "title or invite: missing"}
+		}
+		if q.Has&FInvite != 0 && !ValidInvite(q.Invite) {
+			return &Error{Code: BadRequest, Msg: `invite: must be "all" or "admins"`}
+		}
+	}
+	if spec.req&FUser != 0 && q.User == "" {
+		return &Error{Code: BadRequest, Msg: "user: empty"}
 	}
 	if spec.req&FConv != 0 && q.Conv == "" {
 		return &Error{Code: BadRequest, Msg: "conv: empty"}
@@ -442,6 +487,12 @@ func (q *Request) field(r *reader, key []byte, cl uint8) *Error {
 		return q.nonNeg(r, cl, FMutedUntil, &q.MutedUntil)
 	case "receipts_private":
 		return q.boolean(r, cl, FReceiptsPrivate, &q.ReceiptsPrivate)
+	case "user":
+		return q.str(r, cl, FUser, &q.User)
+	case "role":
+		return q.str(r, cl, FRole, &q.Role)
+	case "invite":
+		return q.str(r, cl, FInvite, &q.Invite)
 	}
 	return r.skip(2)
 }
@@ -619,6 +670,9 @@ func (q *Request) present() Field {
 	set(q.MutedUntil != 0, FMutedUntil)
 	set(q.ReceiptsPrivate, FReceiptsPrivate)
 	set(q.JWT != "", FJWT)
+	set(q.User != "", FUser)
+	set(q.Role != "", FRole)
+	set(q.Invite != "", FInvite)
 	return f
 }
 
@@ -692,6 +746,12 @@ func (q Request) appendMsgpack(b []byte) []byte {
 			b = appendBool(b, q.ReceiptsPrivate)
 		case FJWT:
 			b = appendStr(b, q.JWT)
+		case FUser:
+			b = appendStr(b, q.User)
+		case FRole:
+			b = appendStr(b, q.Role)
+		case FInvite:
+			b = appendStr(b, q.Invite)
 		}
 	}
 	return b

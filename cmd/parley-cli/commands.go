@@ -522,7 +522,7 @@ func cmdMute(ctx context.Context, s *session, cl *cmdLine) (result, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &muteResult{Conv: r.Conv, MutedUntil: r.MutedUntil}, nil
+	return &muteResult{Conv: r.Conv, MutedUntil: r.Muted()}, nil
 }
 
 type editResult struct {
