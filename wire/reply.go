@@ -239,7 +239,7 @@ type Event struct {
 	// Edited is the ts of the message's newest edit (msg only; Body is
 	// then the edited body).
 	Edited int64 `msgpack:"edited,omitempty"`
-	Update // what an update event changed
+	Update       // what an update event changed
 }
 
 func (ev Event) appendMsgpack(b []byte) []byte { return ev.appendTo(b) }
