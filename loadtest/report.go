@@ -98,6 +98,8 @@ type Report struct {
 	Mixed *MixedReport `json:"mixed,omitempty"`
 	// Notify is the notify scenario's (notifications against the owed set).
 	Notify *NotifyReport `json:"notify,omitempty"`
+	// Typing is the typing scenario's (typing frames relayed).
+	Typing *TypingReport `json:"typing,omitempty"`
 
 	// Latency is every latency metric of the run (send_ok and push again,
 	// and the scenario's own: ping, reconnect, …); Timeline their
@@ -175,6 +177,14 @@ func (rep *Report) WriteTable(w io.Writer) {
 			fmt.Fprintf(w, "notifications: %d owed, %d received, %d missing, %d duplicates, %d unexpected, %d bad signatures, %d collapsed; %.0f/s at the sink\n",
 				n.Expected, n.Received, n.Missing, n.Duplicates, n.Unexpected, n.BadSig, n.Collapsed, n.PerS)
 			fmt.Fprintf(w, "commit → sink ms: p50 %.1f  p90 %.1f  p99 %.1f  max %.1f\n", n.LatencyMs.P50, n.LatencyMs.P90, n.LatencyMs.P99, n.LatencyMs.Max)
+		}
+	case "typing":
+		if t := rep.Typing; t != nil {
+			fmt.Fprintf(w, "%d devices in %d groups of %d (%d groups each): typing frames written %d (%.0f/s), received %d (%.0f/s)\n",
+				t.Devices, t.Groups, t.GroupSize, t.GroupsPerDev, t.Written, t.WrittenPerS, t.Received, t.ReceivedPerS)
+			if t.ServerUsPerIn != nil && t.ServerUsPerTo != nil {
+				fmt.Fprintf(w, "server CPU: %.2f µs per frame written, %.2f µs per frame received\n", *t.ServerUsPerIn, *t.ServerUsPerTo)
+			}
 		}
 	case "mixed":
 		if mr := rep.Mixed; mr != nil {

@@ -251,6 +251,7 @@ var scenarioHelp = map[string]string{
 	"large":  "one large group, some members online, a few sending (-members, -online, -senders)",
 	"idle":   "connections held open, pinging; server RSS per connection (-conns, -ping)",
 	"storm":  "every device drops and reconnects at once, then snapshots (-devices, -convs, -size, -msgs; -jwt-secret or -jwt-key: JWT first logins)",
+	"typing": "typing frames only, relayed to the groups' other members (-devices, -groups, -size)",
 	"mixed": "multi-device users (-devices-per-user) in direct conversations and groups, random\n" +
 		"          senders, read reports (-users, -directs, -groups, -size, -read-prob, -read-delay)",
 }
