@@ -392,6 +392,8 @@ func (c *Conn) syncHinted(ctx context.Context) {
 			for _, ev := range m.Events {
 				if ev.Kind == wire.KindMsg {
 					c.r.tracker.Synced(ref.track, ref.i, ev.Seq, c.sentBy(ev.Cmid))
+				} else {
+					c.r.tracker.Held(ref.track, ref.i, ev.Seq)
 				}
 			}
 			c.armAck()
@@ -527,11 +529,15 @@ func (c *Conn) onFrame(m wire.Message) {
 		if r.cfg.dropEvery > 0 && r.pushesSeen.Add(1)%r.cfg.dropEvery == 0 {
 			return
 		}
+		ref, ok := c.routes[m.Conv]
 		if m.Kind != wire.KindMsg {
 			r.tracker.OtherEvent()
+			if ok && ref.i >= 0 {
+				r.tracker.Held(ref.track, ref.i, m.Seq)
+				c.armAck()
+			}
 			return
 		}
-		ref, ok := c.routes[m.Conv]
 		if !ok || ref.i < 0 {
 			r.tracker.Unexpected()
 			return
