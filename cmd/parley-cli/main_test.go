@@ -491,6 +491,30 @@ func TestCLIModeration(t *testing.T) {
 	if e := evs[5]; e.Kind != "update" || e.Banned == nil || !*e.Banned || evs[6].Banned == nil || *evs[6].Banned {
 		t.Fatalf("open: seqs 6, 7 = %+v, %+v, want the ban and the unban", e, evs[6])
 	}
+	// A group made through the admin API has no owner until one is set.
+	admin := func(args ...string) (int, string, string) {
+		t.Helper()
+		return cli(t, "", append([]string{"admin", "-admin", env.AdminURL, "-token", parleytest.AdminToken}, args...)...)
+	}
+	if code, out, errOut := admin("group", "g2", "ana", "ben"); code != 0 {
+		t.Fatalf("admin group: %d %q %q", code, out, errOut)
+	}
+	code, out = as("ana", "-json", "role", "g2", "ben", "admin")
+	refusal("role in a group without owner", "FORBIDDEN", code, out)
+	if code, out, errOut := admin("role", "g2", "ana", "owner"); code != 0 || out != "g2: ana is owner (seq 2)\n" {
+		t.Fatalf("admin role: %d %q %q", code, out, errOut)
+	}
+	if code, out, _ := admin("-json", "role", "g2", "ana", "boss"); code != 1 || !strings.Contains(out, "BAD_REQUEST") {
+		t.Fatalf("admin role boss: %d %q, want 1, BAD_REQUEST", code, out)
+	}
+	if code, out := as("ana", "-json", "role", "g2", "ben", "admin"); code != 0 || decode[update](t, "role in g2", out).Seq != 3 {
+		t.Fatalf("role by the new owner: %d %q", code, out)
+	}
+	if code, out, errOut := admin("members", "g2"); code != 0 || !strings.HasPrefix(out, "g2: 2 members\n") ||
+		!strings.Contains(out, "  ana  owner  from #1\n") || !strings.Contains(out, "  ben  admin  from #1\n") {
+		t.Fatalf("admin members: %d %q %q", code, out, errOut)
+	}
+
 	code, out = as("ana", "open", "g1")
 	for _, want := range []string{
 		"* ana made ben admin", "* ben muted cy until ", `* ana set the title to "Road trip", set invite to admins`,
