@@ -389,14 +389,7 @@ func (c *Conn) syncHinted(ctx context.Context) {
 				break
 			}
 			c.r.syncs.Add(1)
-			for _, ev := range m.Events {
-				if ev.Kind == wire.KindMsg {
-					c.r.tracker.Synced(ref.track, ref.i, ev.Seq, c.sentBy(ev.Cmid))
-				} else {
-					c.r.tracker.Held(ref.track, ref.i, ev.Seq)
-				}
-			}
-			c.armAck()
+			c.recordSynced(ref, m.Events)
 			if !m.More || m.Upto <= after {
 				break
 			}
@@ -415,6 +408,20 @@ func (c *Conn) syncHinted(ctx context.Context) {
 			})
 		}
 	}
+}
+
+// recordSynced records the events of a sync page of the tracked
+// conversation ref: messages as synced (a delivery unless pushed
+// before), other events as held.
+func (c *Conn) recordSynced(ref convRef, evs []wire.Event) {
+	for _, ev := range evs {
+		if ev.Kind == wire.KindMsg {
+			c.r.tracker.Synced(ref.track, ref.i, ev.Seq, c.sentBy(ev.Cmid))
+		} else {
+			c.r.tracker.Held(ref.track, ref.i, ev.Seq)
+		}
+	}
+	c.armAck()
 }
 
 // hintRetry is how long the tool waits before syncing a hinted

@@ -45,6 +45,7 @@ type moderator struct {
 	mutes      atomic.Int64 // member_mute requests made
 	removes    atomic.Int64 // members_remove requests made
 	removed    atomic.Int64 // of those, answered members_ok
+	syncs      atomic.Int64 // sync pages read to fetch its own leave events
 	errs       Errors
 	updateOK   *Hist // member_mute → update_ok, from the intended start
 	membersOK  *Hist // members_remove → members_ok, from the intended start
@@ -59,7 +60,8 @@ type ModerationReport struct {
 	Mutes     int64            `json:"mutes"`     // member_mute requests
 	Removes   int64            `json:"removes"`   // members_remove requests (one user each)
 	Removed   int64            `json:"removed"`   // users removed (members_ok)
-	Errors    map[string]int64 `json:"errors"`    // code → count, of the moderation requests
+	Syncs     int64            `json:"syncs"`     // sync pages the moderator read for its own leave events (not pushed to it)
+	Errors    map[string]int64 `json:"errors"`    // code → count, of the moderation requests and those syncs (SYNC_ + code)
 	// UpdateOKMs is member_mute → update_ok and MembersOKMs
 	// members_remove → members_ok, each from the request's intended start.
 	UpdateOKMs  Summary `json:"update_ok_ms"`
@@ -128,9 +130,7 @@ func (m *moderator) act(i, intended int64) {
 			}
 			m.membersOK.Record(c.idx, m.r.clk.now()-intended)
 			m.removed.Add(1)
-			// The leave is not pushed to the device that made it: fetch
-			// it as a client does (members_ok tells only the head).
-			c.hinted(m.conv, rep.Head)
+			m.fetch(ctx, rep.Head)
 			return
 		}
 	}
@@ -148,10 +148,45 @@ func (m *moderator) act(i, intended int64) {
 	}
 }
 
+// fetch syncs the group on the moderator's connection from its cursor up
+// to head, as a client does after members_ok: the server does not push
+// the leave event to the device that made it, and members_ok tells only
+// the head, not the leave's seq. It runs within the request, so it is
+// over when the moderator stops (a sync left to the hint syncers could be
+// cut off by the end of the run).
+func (m *moderator) fetch(ctx context.Context, head int64) {
+	c := m.conn
+	ref, ok := c.routes[m.conv]
+	if !ok || ref.i < 0 {
+		return
+	}
+	after := ref.track.cursorOf(ref.i)
+	for tries := 0; after < head && tries < 100; tries++ {
+		p, err := c.c.Sync(ctx, m.conv, after, 1000)
+		if err != nil {
+			m.errs.Add("SYNC_"+errCode(err), 1)
+			return
+		}
+		m.syncs.Add(1)
+		c.recordSynced(ref, p.Events)
+		if p.Upto > after {
+			after = p.Upto
+			continue
+		}
+		// The page stopped at a seq still being committed: again shortly.
+		select {
+		case <-ctx.Done():
+			m.errs.Add("SYNC_NO_REPLY", 1)
+			return
+		case <-time.After(hintRetry):
+		}
+	}
+}
+
 // report returns the moderator's figures.
 func (m *moderator) report() *ModerationReport {
 	return &ModerationReport{Rate: m.rate, Moderator: m.conn.dev.ID,
-		Requests: m.mutes.Load() + m.removes.Load(), Mutes: m.mutes.Load(), Removes: m.removes.Load(), Removed: m.removed.Load(),
+		Requests: m.mutes.Load() + m.removes.Load(), Mutes: m.mutes.Load(), Removes: m.removes.Load(), Removed: m.removed.Load(), Syncs: m.syncs.Load(),
 		Errors: m.errs.Snapshot(), UpdateOKMs: Summarize(m.updateOK.Total()), MembersOKMs: Summarize(m.membersOK.Total())}
 }
 
@@ -164,6 +199,6 @@ func (mr *ModerationReport) text() string {
 	if len(errs) == 0 {
 		errs = []string{"none"}
 	}
-	return fmt.Sprintf("moderation (%g/s by %s, the owner): %d requests, %d member_mute and %d members_remove (%d users removed); errors: %s",
-		mr.Rate, mr.Moderator, mr.Requests, mr.Mutes, mr.Removes, mr.Removed, strings.Join(errs, " "))
+	return fmt.Sprintf("moderation (%g/s by %s, the owner): %d requests, %d member_mute and %d members_remove (%d users removed, %d sync pages for its own leaves); errors: %s",
+		mr.Rate, mr.Moderator, mr.Requests, mr.Mutes, mr.Removes, mr.Removed, mr.Syncs, strings.Join(errs, " "))
 }
