@@ -309,7 +309,7 @@ func (f *Fanout) deliverSmall(ctx context.Context, evs []eventlog.Committed) err
 		}
 	}
 	for _, e := range evs {
-		if e.Kind == store.KindLeave && e.Members == int64(f.writeMax)-1 {
+		if e.Kind == store.KindLeave && e.Members < int64(f.writeMax) && e.Members+int64(len(e.Users)) >= int64(f.writeMax) {
 			// The conversation left the big tiers: its online index is
 			// no longer read (it is rebuilt if the group grows again).
 			if err := f.routes.DropOnline(ctx, e.Conv); err != nil {
