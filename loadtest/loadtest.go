@@ -110,6 +110,11 @@ type Config struct {
 	Members int // default 10000
 	Online  int // default 2000
 	Senders int // default 10
+	// Moderate, if above 0, adds a moderator to scenario large: an online
+	// member that does not send, made the group's owner, which mutes and
+	// removes offline members, alternately, this many times a second
+	// (moderate.go). 0: none.
+	Moderate float64
 
 	// Scenario idle: Conns connections that authenticate and ping every
 	// PingInterval for Duration; the server's RSS is read from
@@ -375,6 +380,14 @@ func (c *Config) Validate() error {
 	if c.Senders < 1 || c.Senders > c.Online {
 		bad("senders must be 1 to online")
 	}
+	switch {
+	case c.Moderate < 0 || c.Moderate > MaxModerate:
+		bad("moderate must be 0 to %d requests per second", MaxModerate)
+	case c.Moderate > 0 && c.Scenario != "large":
+		bad("moderate applies to large")
+	case c.Moderate > 0 && c.Members-c.Online < 2:
+		bad("moderate needs at least 2 offline members (members − online): it mutes and removes those")
+	}
 	if c.Conns < 1 || c.Conns > MaxConns {
 		bad("conns must be 1 to %d", MaxConns)
 	}
@@ -522,6 +535,7 @@ type runner struct {
 	mix         *mixState   // scenario mixed: reads and multi-device figures; set before connecting
 	features    *featureMix // scenario mixed: typing, edits, clears, receipts; nil when off
 	probes      *probes     // Config.ProbePostgres, ProbeRedis (nil: none); set before the scenario runs
+	moderator   *moderator  // scenario large with Config.Moderate; set before the load
 
 	mu    sync.Mutex // guards conns
 	conns []*Conn

@@ -100,6 +100,8 @@ type Report struct {
 	Notify *NotifyReport `json:"notify,omitempty"`
 	// Typing is the typing scenario's (typing frames relayed).
 	Typing *TypingReport `json:"typing,omitempty"`
+	// Moderation is the large scenario's moderator's (-moderate).
+	Moderation *ModerationReport `json:"moderation,omitempty"`
 
 	// Latency is every latency metric of the run (send_ok and push again,
 	// and the scenario's own: ping, reconnect, …); Timeline their
@@ -206,6 +208,9 @@ func (rep *Report) WriteTable(w io.Writer) {
 	}
 	fmt.Fprintf(w, "errors: %s   acks %d  hints %d (synced %d pages, %d deliveries)  kicks %d  disconnects %d  unconfirmed deliveries %d\n",
 		strings.Join(errs, " "), rep.Acks, rep.Hints, rep.Syncs, rep.Synced, rep.Kicks, rep.Disconnects, rep.DeliveredUnconfirmed)
+	if mr := rep.Moderation; mr != nil {
+		fmt.Fprintln(w, mr.text())
+	}
 	if mr := rep.Mixed; mr != nil {
 		fmt.Fprintf(w, "sends: %d to direct conversations, %d to groups; pushes to the sender's other devices %d of %d owed\n",
 			mr.DirectSends, mr.GroupSends, mr.SiblingPushed, mr.SiblingOwed)
@@ -237,6 +242,9 @@ func (rep *Report) WriteTable(w io.Writer) {
 	rows := []latRow{{"send_ok_ms", rep.SendOKMs}, {"push_ms", rep.PushMs}}
 	if rep.ReadOKMs != nil && rep.ReadOKMs.Count > 0 {
 		rows = append(rows, latRow{"read_ok_ms", *rep.ReadOKMs})
+	}
+	if mr := rep.Moderation; mr != nil {
+		rows = append(rows, latRow{"update_ok_ms", mr.UpdateOKMs}, latRow{"members_ok_ms", mr.MembersOKMs})
 	}
 	for _, probe := range []string{"pg_commit", "redis_ping"} {
 		if sum, ok := rep.Latency[probe]; ok {
@@ -362,6 +370,9 @@ func (r *runner) finish(start, end, drainEnd int64, cpu map[string]time.Duration
 	rep.ConnectMs = Summarize(r.connect.Total())
 	if r.mix != nil {
 		r.finishMixed(float64(end-start) / 1e9)
+	}
+	if r.moderator != nil {
+		rep.Moderation = r.moderator.report()
 	}
 
 	r.cpuReport(float64(drainEnd-start)/1e9, cpu, self, rep.Confirmed, rep.Delivered)
