@@ -137,13 +137,21 @@ const insertMessagesSQL = `WITH u AS (
 		FROM u
 		WHERE coalesce((SELECT true FROM membership_periods m
 		                WHERE m.conv_id = u.conv AND m.user_id = u.sender AND m.to_seq IS NULL AND m.from_seq <= u.seq
-		                  AND (m.muted_until IS NULL OR m.muted_until <= u.ts) LIMIT 1), false)
+		                  AND NOT ` + mutedSQL + ` LIMIT 1), false)
 		%s
 		RETURNING conv_key, seq, mentions)
 	SELECT u.conv, u.seq, ins.mentions, u.member_count,
 		CASE WHEN u.member_count < $7 THEN ARRAY(SELECT m.user_id FROM membership_periods m
 			WHERE m.conv_id = u.conv AND m.from_seq <= u.seq AND (m.to_seq IS NULL OR m.to_seq >= u.seq)) END
 	FROM ins JOIN u ON u.conv_key = ins.conv_key AND u.seq = ins.seq`
+
+// mutedSQL: is the send u of member period m one its mute refuses? A
+// mute is judged by seq, in the log's order: a send whose seq is above
+// the mute's while the mute lasts (muted_until above the send's ts), or
+// between the last mute and the unmute that ended it, is refused; one
+// below the mute's is not, even if it commits after it.
+const mutedSQL = `((m.muted_until > u.ts AND u.seq > coalesce(m.muted_seq, 0))
+	OR (u.seq > coalesce(m.muted_seq, 0) AND u.seq < coalesce(m.unmuted_seq, 0)))`
 
 var (
 	insertMessagesPlainSQL    = fmt.Sprintf(insertMessagesSQL, "")
@@ -278,7 +286,7 @@ func resolveMissing(ctx context.Context, tx querier, msgs []NewMessage, missing 
 	}
 	rows, err := tx.Query(ctx, `SELECT u.i, e.seq, e.ts,
 			EXISTS (SELECT 1 FROM membership_periods m WHERE m.conv_id = u.conv AND m.user_id = u.sender AND m.to_seq IS NULL AND m.from_seq <= u.seq),
-			(SELECT coalesce(max(m.muted_until), 0) FROM membership_periods m WHERE m.conv_id = u.conv AND m.user_id = u.sender AND m.to_seq IS NULL AND m.muted_until > u.ts)
+			(SELECT max(coalesce(m.muted_until, 0)) FROM membership_periods m WHERE m.conv_id = u.conv AND m.user_id = u.sender AND m.to_seq IS NULL AND `+mutedSQL+`)
 		FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::bigint[]) AS u(i, conv, sender, cmid, seq, ts)
 		LEFT JOIN conversations c ON c.conv_id = u.conv
 		LEFT JOIN events e ON e.conv_key = c.conv_key AND e.sender = u.sender AND e.cmid = u.cmid`, idx, convs, senders, cmids, seqs, tss)
@@ -290,7 +298,7 @@ func resolveMissing(ctx context.Context, tx querier, msgs []NewMessage, missing 
 		var i int64
 		var seq, ts *int64
 		var member bool
-		var mutedUntil int64
+		var mutedUntil *int64 // not nil: refused by a mute (one in force, or one the seq falls in)
 		if err := rows.Scan(&i, &seq, &ts, &member, &mutedUntil); err != nil {
 			return err
 		}
@@ -303,8 +311,8 @@ func resolveMissing(ctx context.Context, tx querier, msgs []NewMessage, missing 
 		case !member:
 			res[i].Err = ErrNotMember
 			holes[m.Conv] = append(holes[m.Conv], m.Seq)
-		case mutedUntil > 0:
-			res[i].Err = MutedErr(mutedUntil)
+		case mutedUntil != nil:
+			res[i].Err = MutedErr(*mutedUntil)
 			holes[m.Conv] = append(holes[m.Conv], m.Seq)
 		default:
 			res[i].Err = ErrSeqTaken

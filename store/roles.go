@@ -81,6 +81,9 @@ func forbidden(format string, args ...any) error {
 // MutedErr is the refusal of a send or edit by a member muted until
 // the given time (unix ms).
 func MutedErr(until int64) error {
+	if until == 0 { // a mute that has been lifted since the seq was given
+		return &ForbiddenError{Reason: "muted in this conversation when the message was sent"}
+	}
 	return &ForbiddenError{Reason: fmt.Sprintf("muted in this conversation until %d (unix ms)", until)}
 }
 
@@ -351,8 +354,17 @@ func (s *Store) MuteMember(ctx context.Context, ch *MembershipChange, user strin
 			return err
 		}
 		r.Seq = ch.Seq
-		_, err = tx.Exec(ctx, `UPDATE membership_periods SET muted_until = nullif($3::bigint, 0) WHERE conv_id = $1 AND user_id = $2 AND to_seq IS NULL`,
-			ch.Conv, user, mutedUntil)
+		if mutedUntil == 0 {
+			_, err = tx.Exec(ctx, `UPDATE membership_periods SET muted_until = NULL, unmuted_seq = $3 WHERE conv_id = $1 AND user_id = $2 AND to_seq IS NULL`,
+				ch.Conv, user, ch.Seq)
+			return err
+		}
+		// A mute that only moves muted_until keeps its muted_seq: the
+		// member has been muted since then.
+		_, err = tx.Exec(ctx, `UPDATE membership_periods SET muted_until = $3,
+				muted_seq = CASE WHEN muted_until > $5 THEN muted_seq ELSE $4 END
+			WHERE conv_id = $1 AND user_id = $2 AND to_seq IS NULL`,
+			ch.Conv, user, mutedUntil, ch.Seq, ch.Ts)
 		return err
 	})
 }

@@ -3,7 +3,10 @@
 -- A current member's role and mute live with its membership period (a
 -- removal ends both; a member added again starts as a plain, unmuted
 -- member): role 0 member, 1 admin, 2 owner; muted_until in unix
--- milliseconds. conversations.invite: 0 any member may add members, 1
+-- milliseconds; muted_seq and unmuted_seq the seqs of its last mute and
+-- unmute events, so that a send is judged by where its seq falls (one
+-- below the mute's is accepted even if it commits after it, one between
+-- a mute and its unmute is refused even if it commits after the unmute). conversations.invite: 0 any member may add members, 1
 -- only the owner and admins. conv_bans lists who may not be added.
 -- An update event (kind 6) keeps what it changed in attrs (role,
 -- muted_until, banned, title, invite), which no other kind uses.
@@ -11,7 +14,9 @@
 -- rewrites no rows.
 
 ALTER TABLE membership_periods ADD COLUMN role smallint NOT NULL DEFAULT 0,
-                               ADD COLUMN muted_until bigint;
+                               ADD COLUMN muted_until bigint,
+                               ADD COLUMN muted_seq bigint,
+                               ADD COLUMN unmuted_seq bigint;
 ALTER TABLE conversations ADD COLUMN invite smallint NOT NULL DEFAULT 0;
 ALTER TABLE events ADD COLUMN attrs jsonb;
 
