@@ -667,7 +667,7 @@ func (n *modNet) checkMembers(t *testing.T, what, conv string) {
 	var got, want []string
 	for _, m := range out.Members {
 		s := fmt.Sprintf("%s role=%s from=%d", m.User, m.Role, m.FromSeq)
-		if m.MutedUntil != nil {
+		if m.MutedUntil != nil && *m.MutedUntil != 0 { // absent and 0 both say "not muted"
 			s += fmt.Sprintf(" muted_until=%d", *m.MutedUntil)
 		}
 		got = append(got, s)
