@@ -412,7 +412,7 @@ func (n *modNet) acceptedDo(t *testing.T, what, conv string, dev *modDev, do fun
 	}
 	top := before + int64(len(want))
 	switch m.T {
-	case wire.TUpdateOK, wire.TRecallOK, wire.TSendOK:
+	case wire.TUpdateOK, wire.TRecallOK, wire.TSendOK, wire.TEditOK:
 		if m.Seq != before+1 {
 			t.Fatalf("%s: %s.seq = %d, want %d (head before: %d)", what, m.T, m.Seq, before+1, before)
 		}
@@ -443,7 +443,7 @@ func (n *modNet) acceptedDo(t *testing.T, what, conv string, dev *modDev, do fun
 		var got []wire.Message
 		testenv.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
 			if got = d.pushesOf(conv, before, top); len(got) < len(want) {
-				return fmt.Errorf("%s: %s has %d of the %d pushes of seqs %d..%d", what, d.id, len(got), len(want), before+1, top)
+				return fmt.Errorf("%s: %s has %d of the %d pushes of seqs %d..%d: %v, want %v", what, d.id, len(got), len(want), before+1, top, pushKeys(got), eventKeys(want))
 			}
 			return nil
 		})
@@ -1131,7 +1131,7 @@ func TestModerationMuteRacingSends(t *testing.T) {
 	own, mem, obs := n.users["own"].a, n.users["mem"].b, n.users["obs"].b
 
 	stop := make(chan struct{})
-	wait, warm := racingSender(mem, g, 2, 3000, 5, 0, stop)
+	wait, warm := racingSender(mem, g, 2, 5000, 5, 0, stop)
 	select {
 	case <-warm:
 	case <-time.After(10 * time.Second):
@@ -1179,7 +1179,11 @@ func TestModerationMuteRacingSends(t *testing.T) {
 			t.Errorf("a send of the muted member: %v, want send_ok or FORBIDDEN", s.err)
 		}
 	}
-	t.Logf("%d sends: %d confirmed, %d refused; windows %v", len(sends), len(confirmed), refused, windows)
+	t.Logf("%d sends: %d confirmed, %d refused", len(sends), len(confirmed), refused)
+	for i, w := range windows {
+		t.Logf("window %d: mute at seq %d (update_ok after %v), unmute at seq %d %v later (update_ok after %v)",
+			i, w.mute, w.muteDone.Sub(w.muteIssued), w.unmute, w.unmuteIssued.Sub(w.muteDone), w.unmuteDone.Sub(w.unmuteIssued))
+	}
 	for i, w := range windows {
 		if w.unmute <= w.mute {
 			t.Fatalf("window %d: unmute seq %d not above mute seq %d", i, w.unmute, w.mute)
