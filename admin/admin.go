@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/parley-im/parley/cursor"
 	"github.com/parley-im/parley/eventlog"
@@ -73,6 +74,8 @@ func New(token string, st *store.Store, log *eventlog.Log, cursors *cursor.Curso
 	a.mux.HandleFunc("POST /v1/conversations/{id}/members", a.addMembers)
 	a.mux.HandleFunc("DELETE /v1/conversations/{id}/members/{user}", a.removeMember)
 	a.mux.HandleFunc("GET /v1/conversations/{id}", a.getConversation)
+	a.mux.HandleFunc("GET /v1/conversations/{id}/members", a.listMembers)
+	a.mux.HandleFunc("PUT /v1/conversations/{id}/members/{user}/role", a.setRole)
 	a.mux.HandleFunc("POST /v1/bulk/users", a.bulkUsers)
 	a.mux.HandleFunc("POST /v1/bulk/devices", a.bulkDevices)
 	a.mux.HandleFunc("POST /v1/bulk/conversations", a.bulkConversations)
@@ -374,6 +377,50 @@ func (a *API) getConversation(w http.ResponseWriter, r *http.Request) {
 		"members": c.Members, "mode": a.mode(c.Members)})
 }
 
+// listMembers lists a conversation's current members with their roles
+// and mutes in force.
+func (a *API) listMembers(w http.ResponseWriter, r *http.Request) {
+	ms, err := a.st.Members(r.Context(), r.PathValue("id"), time.Now().UnixMilli())
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	type member struct {
+		User       string `json:"user"`
+		Role       string `json:"role"`
+		MutedUntil int64  `json:"muted_until,omitempty"`
+		FromSeq    int64  `json:"from_seq"`
+	}
+	out := make([]member, len(ms))
+	for i, m := range ms {
+		out[i] = member{User: m.User, Role: m.Role.String(), MutedUntil: m.MutedUntil, FromSeq: m.FromSeq}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"members": out})
+}
+
+// setRole gives a current member a role as the operator: not subject to
+// the owner-only rule (an admin API-created group has no owner until one
+// is set here); giving "owner" transfers ownership.
+func (a *API) setRole(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Role string `json:"role"`
+	}
+	if !decode(w, r, &req) {
+		return
+	}
+	role, ok := store.ParseRole(req.Role)
+	if !ok {
+		writeError(w, http.StatusBadRequest, wire.BadRequest, `role must be "owner", "admin" or "member"`)
+		return
+	}
+	res, err := a.log.SetRole(r.Context(), r.PathValue("id"), "", "", r.PathValue("user"), role)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]int64{"seq": res.Seq})
+}
+
 // fail answers a failed request: the client's own mistakes with their
 // 4xx code; a backend that is down 503 UNAVAILABLE; anything else is a
 // bug: 500 INTERNAL, logged with the request.
@@ -383,6 +430,8 @@ func (a *API) fail(w http.ResponseWriter, r *http.Request, err error) {
 		writeError(w, http.StatusConflict, wire.Exists, err.Error())
 	case errors.Is(err, store.ErrNotFound), errors.Is(err, store.ErrUnknownUser), errors.Is(err, store.ErrNotMember):
 		writeError(w, http.StatusNotFound, wire.NotFound, err.Error())
+	case errors.Is(err, store.ErrForbidden):
+		writeError(w, http.StatusForbidden, wire.Forbidden, err.Error())
 	case backend.IsUnavailable(err):
 		a.logger.Warn("admin request failed: backend unavailable", "method", r.Method, "path", r.URL.Path, "err", err)
 		writeError(w, http.StatusServiceUnavailable, wire.Unavailable, "a backend is unavailable; retry later")

@@ -90,6 +90,10 @@ func (g *Gateway) handle(s *Session, req *wire.Request, start time.Time) {
 		g.receipts(ctx, s, req)
 	case wire.TSettings:
 		g.settings(ctx, s, req)
+	case wire.TRole, wire.TMemberMute, wire.TBan, wire.TUnban, wire.TConvUpdate:
+		g.moderate(ctx, s, req)
+	case wire.TMembersRemove:
+		g.membersRemove(ctx, s, req)
 	default: // the decoder admits only the types above
 		g.answer(s, req, wire.Errorf(wire.Internal, "unexpected request type %s", req.T), nil)
 	}
@@ -119,7 +123,13 @@ func (g *Gateway) wireError(s *Session, req *wire.Request, err error) *wire.Erro
 	if e, ok := wire.AsError(err); ok {
 		return e
 	}
+	var forbidden *store.ForbiddenError
 	switch {
+	case errors.As(err, &forbidden):
+		return wire.Errorf(wire.Forbidden, "%s", forbidden.Reason)
+	case errors.Is(err, store.ErrNotMember) && err != store.ErrNotMember:
+		// Names the user who is not a member (moderation requests).
+		return wire.Errorf(wire.NotMember, "%s", strings.TrimPrefix(err.Error(), "store: "))
 	case errors.Is(err, store.ErrNotMember), errors.Is(err, store.ErrNotFound):
 		return wire.Errorf(wire.NotMember, "not a member of this conversation")
 	case errors.Is(err, store.ErrUnknownUser):
@@ -338,7 +348,7 @@ func (g *Gateway) sync(ctx context.Context, s *Session, req *wire.Request) {
 // WireEvent is e as clients see it.
 func WireEvent(e store.Event) wire.Event {
 	return wire.Event{Seq: e.Seq, Kind: e.Kind.String(), Sender: e.Sender, Body: e.Body, Ts: e.Ts, Cmid: e.Cmid,
-		Recalled: e.Recalled, Target: e.Target, Users: e.Users, Mentions: e.Mentions, Edited: e.Edited}
+		Recalled: e.Recalled, Target: e.Target, Users: e.Users, Mentions: e.Mentions, Edited: e.Edited, Update: fanout.WireUpdate(e.Update)}
 }
 
 func (g *Gateway) ack(s *Session, req *wire.Request, start time.Time) {

@@ -80,10 +80,10 @@ type Config struct {
 	// is allocated, under the conversation's change lock (fan-out removes
 	// the leaver's devices from the conversation's online index).
 	BeforeLeave func(ctx context.Context, conv, user string) error
-	// Removed, if set, tells every process that users left conv (each
-	// calls Forget), right after the leave committed and before it is
-	// answered, so their membership caches refuse the users' sends at
-	// once.
+	// Removed, if set, tells every process that users left conv, or
+	// that their mute or role changed (each calls Forget), right after
+	// the change committed and before it is answered, so their
+	// membership caches refuse the users' sends at once.
 	Removed func(ctx context.Context, conv string, users []string) error
 	// MemberTTL is how old, at most, the answer of the membership check
 	// before a send's seq is allocated may be (memberCache); 0 means 5s.
@@ -180,16 +180,29 @@ func (l *Log) Close() {
 // get increasing seqs (seqs are allocated in queue order; the commits of
 // different batches may then finish in any order).
 func (l *Log) Send(ctx context.Context, m Message, done func(SendResult)) {
-	if ok, err := l.members.isMember(ctx, m.Sender, m.Conv); err != nil || !ok {
-		if err == nil {
-			err = store.ErrNotMember
-		}
+	if err := l.mayPost(ctx, m.Sender, m.Conv); err != nil {
 		done(SendResult{Err: err})
 		return
 	}
 	if err := l.sends.Submit(ctx, &pendingSend{msg: m, done: done}); err != nil {
 		done(SendResult{Err: err})
 	}
+}
+
+// mayPost checks, from the membership cache, that user is a current
+// member of conv and not muted there: store.ErrNotMember, or
+// store.ErrForbidden (store.MutedErr).
+func (l *Log) mayPost(ctx context.Context, user, conv string) error {
+	st, err := l.members.lookup(ctx, user, conv)
+	switch {
+	case err != nil:
+		return err
+	case !st.Member:
+		return store.ErrNotMember
+	case st.MutedUntil > l.now().UnixMilli():
+		return store.MutedErr(st.MutedUntil)
+	}
+	return nil
 }
 
 // allocate is the ordered stage of a batch: it allocates the seqs of its
@@ -462,29 +475,42 @@ func (l *Log) AddMembers(ctx context.Context, conv, actor, device string, users 
 func (l *Log) RemoveMember(ctx context.Context, conv, actor, device, user string) (int64, error) {
 	var head, members int64
 	err := l.change(ctx, conv, actor, func(ch *store.MembershipChange) (err error) {
-		if l.cfg.BeforeLeave != nil {
-			alloc := ch.Alloc
-			ch.Alloc = func(ctx context.Context) (int64, error) {
-				// Checked, and not allocated yet: the leaver's devices
-				// leave the online index before any later seq exists.
-				if err := l.cfg.BeforeLeave(ctx, conv, user); err != nil {
-					return 0, err
-				}
-				return alloc(ctx)
-			}
-		}
 		head, members, err = l.st.RemoveMember(ctx, ch, user)
 		return err
 	}, func(ch store.MembershipChange) {
-		l.Forget(conv, []string{user})
-		if l.cfg.Removed != nil {
-			if err := l.cfg.Removed(ctx, conv, []string{user}); err != nil {
-				l.log.Warn("telling other processes of a removal", "conv", conv, "err", err)
-			}
-		}
+		l.changed(ctx, conv, []string{user})
 		l.committed(ch, store.KindLeave, []string{user}, device, members)
 	})
 	return head, err
+}
+
+// beforeLeave is a change's BeforeLeave: the leavers' devices leave the
+// online index once the removal was checked and before its seq (or any
+// later one) exists.
+func (l *Log) beforeLeave(conv string) func(ctx context.Context, users []string) error {
+	if l.cfg.BeforeLeave == nil {
+		return nil
+	}
+	return func(ctx context.Context, users []string) error {
+		for _, u := range users {
+			if err := l.cfg.BeforeLeave(ctx, conv, u); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+// changed drops what every process's membership cache knows of users in
+// conv (they left, or their mute or role changed), before the change is
+// answered.
+func (l *Log) changed(ctx context.Context, conv string, users []string) {
+	l.Forget(conv, users)
+	if l.cfg.Removed != nil {
+		if err := l.cfg.Removed(ctx, conv, users); err != nil {
+			l.log.Warn("telling other processes of a membership change", "conv", conv, "err", err)
+		}
+	}
 }
 
 // Forget drops what the membership cache knows of users in conv (they
@@ -539,7 +565,8 @@ func (l *Log) change(ctx context.Context, conv, actor string, apply func(*store.
 	}
 	for attempt := 0; attempt < 5; attempt++ {
 		ch := store.MembershipChange{Conv: conv, Actor: actor, Ts: l.now().UnixMilli(),
-			Alloc: func(ctx context.Context) (int64, error) { return l.seqs.AllocOne(ctx, conv) }}
+			Alloc:       func(ctx context.Context) (int64, error) { return l.seqs.AllocOne(ctx, conv) },
+			BeforeLeave: l.beforeLeave(conv)}
 		err := apply(&ch)
 		switch {
 		case err == nil:

@@ -10,14 +10,15 @@ import (
 )
 
 // memberCache remembers for a few seconds that a user is a current member
-// of a conversation, so that a request from a non-member is refused before
+// of a conversation (and until when it is muted there), so that a request
+// from a non-member, or a send from a muted member, is refused before
 // a seq is allocated for it (a refused request must not move head or leave
 // holes), without a PostgreSQL round trip per send from members. Only
 // positive answers are cached; the commit itself checks membership again,
-// so a stale entry costs at most a hole, never a wrong event
-// (docs/consistency.md, "Membership changes and sends"), and a removal in
-// any process drops the removed user's entries everywhere (Log.Forget,
-// called from the bus).
+// (and the mute), so a stale entry costs at most a hole, never a wrong
+// event (docs/consistency.md, "Membership changes and sends"), and a
+// removal, mute or role change in any process drops the user's entries
+// everywhere (Log.Forget, called from the bus).
 //
 // An entry that was used is looked up again in the background before it
 // expires (refreshLoop: one statement for every entry due), so a sender
@@ -45,8 +46,9 @@ type memberCache struct {
 type memberKey struct{ user, conv string }
 
 type memberEntry struct {
-	exp  time.Time
-	used bool // in memberCache.used
+	exp        time.Time
+	used       bool  // in memberCache.used
+	mutedUntil int64 // unix ms; 0: not muted
 }
 
 const memberCacheMax = 200000
@@ -55,7 +57,8 @@ func newMemberCache(st *store.Store, ttl time.Duration, counts MemberLookups) *m
 	return &memberCache{st: st, ttl: ttl, entries: map[memberKey]*memberEntry{}, used: map[memberKey]struct{}{}, counts: counts}
 }
 
-func (m *memberCache) isMember(ctx context.Context, user, conv string) (bool, error) {
+// lookup returns whether user is a current member of conv, and its mute.
+func (m *memberCache) lookup(ctx context.Context, user, conv string) (store.MemberState, error) {
 	key := memberKey{user, conv}
 	now := time.Now()
 	m.mu.Lock()
@@ -64,16 +67,17 @@ func (m *memberCache) isMember(ctx context.Context, user, conv string) (bool, er
 			e.used = true
 			m.used[key] = struct{}{}
 		}
+		muted := e.mutedUntil
 		m.mu.Unlock()
-		return true, nil
+		return store.MemberState{Member: true, MutedUntil: muted}, nil
 	}
 	m.mu.Unlock()
 	if m.counts.Waited != nil {
 		m.counts.Waited.Add(1)
 	}
 	member, err := m.st.AreCurrentMembers(ctx, []string{conv}, []string{user})
-	if err != nil || !member[0] {
-		return false, err
+	if err != nil || !member[0].Member {
+		return store.MemberState{}, err
 	}
 	m.mu.Lock()
 	if len(m.entries) >= memberCacheMax {
@@ -90,10 +94,16 @@ func (m *memberCache) isMember(ctx context.Context, user, conv string) (bool, er
 			clear(m.used)
 		}
 	}
-	m.entries[key] = &memberEntry{exp: now.Add(m.ttl)}
+	m.entries[key] = &memberEntry{exp: now.Add(m.ttl), mutedUntil: member[0].MutedUntil}
 	delete(m.used, key)
 	m.mu.Unlock()
-	return true, nil
+	return member[0], nil
+}
+
+// isMember reports whether user is a current member of conv.
+func (m *memberCache) isMember(ctx context.Context, user, conv string) (bool, error) {
+	st, err := m.lookup(ctx, user, conv)
+	return st.Member, err
 }
 
 // forget drops the entry (the user left or was removed here).
@@ -168,8 +178,8 @@ func (m *memberCache) refreshKeys(ctx context.Context, keys []memberKey) {
 		e, ok := m.entries[k]
 		switch {
 		case !ok: // forgotten meanwhile: stays forgotten
-		case member[i]:
-			e.exp, e.used = at.Add(m.ttl), false
+		case member[i].Member:
+			e.exp, e.used, e.mutedUntil = at.Add(m.ttl), false, member[i].MutedUntil
 			delete(m.used, k)
 		default:
 			delete(m.entries, k)

@@ -309,7 +309,7 @@ func (f *Fanout) deliverSmall(ctx context.Context, evs []eventlog.Committed) err
 		}
 	}
 	for _, e := range evs {
-		if e.Kind == store.KindLeave && e.Members == int64(f.writeMax)-1 {
+		if e.Kind == store.KindLeave && e.Members < int64(f.writeMax) && e.Members+int64(len(e.Users)) >= int64(f.writeMax) {
 			// The conversation left the big tiers: its online index is
 			// no longer read (it is rebuilt if the group grows again).
 			if err := f.routes.DropOnline(ctx, e.Conv); err != nil {
@@ -442,10 +442,15 @@ func (f *Fanout) queueRows(ctx context.Context, evs []eventlog.Committed, recipi
 	f.rows.Queue(ctx, jobs)
 }
 
+// WireUpdate is an update event's changes as clients see them.
+func WireUpdate(u store.Update) wire.Update {
+	return wire.Update{Role: u.Role, MutedUntil: u.MutedUntil, Banned: u.Banned, Title: u.Title, Invite: u.Invite}
+}
+
 // PushFrame encodes e as a push frame.
 func PushFrame(e store.Event) ([]byte, error) {
 	p := wire.Push{T: wire.TPush, Conv: e.Conv, Seq: e.Seq, Kind: e.Kind.String(), Sender: e.Sender, Body: e.Body,
-		Ts: e.Ts, Cmid: e.Cmid, Target: e.Target, Users: e.Users, Mentions: e.Mentions}
+		Ts: e.Ts, Cmid: e.Cmid, Target: e.Target, Users: e.Users, Mentions: e.Mentions, Update: WireUpdate(e.Update)}
 	return wire.AppendFrame(nil, p)
 }
 

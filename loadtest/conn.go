@@ -329,7 +329,7 @@ func (c *Conn) fireAndForget(req wire.Request) {
 func (c *Conn) doSend(conv, cmid string, body []byte, intended int64) {
 	r := c.r
 	m, err := c.c.Send(r.ctx, conv, cmid, body) // r.ctx ends when the runner closes
-	defer r.inflight.Add(-1) // after the reply is recorded, as in onFrame
+	defer r.inflight.Add(-1)                    // after the reply is recorded, as in onFrame
 	if err != nil {
 		r.errs.Add(errCode(err), 1)
 		return

@@ -215,11 +215,9 @@ func TestRacingSendersReaderByUpto(t *testing.T) {
 		defer wg.Done()
 		time.Sleep(50 * time.Millisecond) // pacing: the slow seq is allocated amid the senders' load, not before it
 		c := context.Background()
-		s, err := allocByHand(c, rdb, cfg.RedisPrefix+"seq:{race}")
-		if err != nil {
-			t.Error(err)
-			return
-		}
+		// Connected first: on a loaded host, connecting after the seq
+		// was allocated can take longer than the hole timeout, and the
+		// reader then rightly fences the seq before the insert begins.
 		conn, err := pgx.Connect(c, cfg.PostgresURL)
 		if err != nil {
 			t.Error(err)
@@ -227,6 +225,11 @@ func TestRacingSendersReaderByUpto(t *testing.T) {
 		}
 		defer conn.Close(c)
 		tx, err := conn.Begin(c)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		s, err := allocByHand(c, rdb, cfg.RedisPrefix+"seq:{race}")
 		if err != nil {
 			t.Error(err)
 			return

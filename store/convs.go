@@ -42,6 +42,10 @@ type MembershipChange struct {
 	// once Alloc returned (also when the change then failed, so the
 	// caller can record it as a hole).
 	Seq int64
+	// BeforeLeave, if set, is called with the users a leave event
+	// removes, once the removal was checked and right before its seq is
+	// allocated.
+	BeforeLeave func(ctx context.Context, users []string) error
 }
 
 // NewConversation is a conversation to create: its join event is seq 1,
@@ -107,8 +111,12 @@ func (s *Store) CreateConversations(ctx context.Context, cs []NewConversation, t
 			    ON m.conv = c.id`, ids, actors, pairConvs, pairUsers, KindJoin, ts); err != nil {
 			return err
 		}
-		_, err = tx.Exec(ctx, `INSERT INTO membership_periods (conv_id, user_id, from_seq) SELECT c, u, 1 FROM unnest($1::text[], $2::text[]) AS p(c, u)`,
-			pairConvs, pairUsers)
+		// The creator of a group (its actor) owns it.
+		_, err = tx.Exec(ctx, `INSERT INTO membership_periods (conv_id, user_id, from_seq, role)
+			SELECT p.c, p.u, 1, CASE WHEN c.kind = 'group' AND c.actor = p.u THEN $5::smallint ELSE 0 END
+			  FROM unnest($1::text[], $2::text[]) AS p(c, u)
+			  JOIN unnest($3::text[], $4::text[], $6::text[]) AS c(id, actor, kind) ON c.id = p.c`,
+			pairConvs, pairUsers, ids, actors, RoleOwner, kinds)
 		return err
 	})
 }
@@ -140,6 +148,9 @@ func (s *Store) AddMembers(ctx context.Context, ch *MembershipChange, users []st
 			return err
 		}
 		if len(added) > 0 {
+			if err := checkAdd(ctx, tx, ch, added); err != nil {
+				return err
+			}
 			if err := allocate(ctx, tx, ch); err != nil {
 				return err
 			}
@@ -175,20 +186,10 @@ func (s *Store) RemoveMember(ctx context.Context, ch *MembershipChange, user str
 		if err := requireMember(ctx, tx, ch.Conv, user); err != nil {
 			return err
 		}
-		if err := allocate(ctx, tx, ch); err != nil {
+		if err := closePeriods(ctx, tx, ch, []string{user}); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, `UPDATE membership_periods SET to_seq = $3 WHERE conv_id = $1 AND user_id = $2 AND to_seq IS NULL`,
-			ch.Conv, user, ch.Seq); err != nil {
-			return err
-		}
-		if err := insertMembershipEvent(ctx, tx, *ch, KindLeave, []string{user}); err != nil {
-			return err
-		}
-		if err := tx.QueryRow(ctx, `UPDATE conversations SET member_count = member_count - 1 WHERE conv_id = $1 RETURNING member_count`, ch.Conv).Scan(&members); err != nil {
-			return err
-		}
-		return tx.QueryRow(ctx, `SELECT `+headSQL+` FROM conversations c WHERE c.conv_id = $1`, ch.Conv).Scan(&head)
+		return tx.QueryRow(ctx, `SELECT `+headSQL+`, c.member_count FROM conversations c WHERE c.conv_id = $1`, ch.Conv).Scan(&head, &members)
 	})
 	return head, members, err
 }
@@ -300,16 +301,28 @@ func (s *Store) ConversationByID(ctx context.Context, id string) (Conversation, 
 	return c, err
 }
 
+// MemberState is whether a user is a current member of a conversation,
+// and until when (unix ms) it is muted there (0: not muted).
+type MemberState struct {
+	Member     bool
+	MutedUntil int64
+}
+
 // AreCurrentMembers reports, for each i, whether users[i] is a member of
-// convs[i] now, in one statement.
-func (s *Store) AreCurrentMembers(ctx context.Context, convs, users []string) ([]bool, error) {
-	rows, err := s.pool.Query(ctx, `SELECT EXISTS (SELECT 1 FROM membership_periods m
-			WHERE m.conv_id = u.conv AND m.user_id = u.usr AND m.to_seq IS NULL)
-		FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS u(conv, usr, i) ORDER BY u.i`, convs, users)
+// convs[i] now, and its mute, in one statement.
+func (s *Store) AreCurrentMembers(ctx context.Context, convs, users []string) ([]MemberState, error) {
+	rows, err := s.pool.Query(ctx, `SELECT m.user_id IS NOT NULL, coalesce(m.muted_until, 0)
+		FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS u(conv, usr, i)
+		LEFT JOIN membership_periods m ON m.conv_id = u.conv AND m.user_id = u.usr AND m.to_seq IS NULL
+		ORDER BY u.i`, convs, users)
 	if err != nil {
 		return nil, err
 	}
-	out, err := pgx.CollectRows(rows, pgx.RowTo[bool])
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (MemberState, error) {
+		var st MemberState
+		err := r.Scan(&st.Member, &st.MutedUntil)
+		return st, err
+	})
 	if err == nil && len(out) != len(convs) {
 		err = fmt.Errorf("store: %d membership answers for %d questions", len(out), len(convs))
 	}

@@ -27,7 +27,8 @@ type EditResult struct {
 // once the edit was checked). Only the sender (ch.Actor, a current
 // member) may edit, within window milliseconds of the message's ts:
 // ErrNoMessage (no msg at target, or it was recalled), ErrNotSender,
-// ErrEditWindow, ErrNotMember (also for an unknown conversation). An edit
+// ErrEditWindow, ErrNotMember (also for an unknown conversation),
+// ErrForbidden (MutedErr: the editor is muted). An edit
 // with the body of the message's newest edit is a retry: it returns that
 // edit (Again) without a new seq.
 func (s *Store) Edit(ctx context.Context, ch *MembershipChange, target int64, body []byte, windowMs int64) (EditResult, error) {
@@ -42,6 +43,11 @@ func (s *Store) Edit(ctx context.Context, ch *MembershipChange, target int64, bo
 		var key int64
 		if err := tx.QueryRow(ctx, `SELECT conv_key, member_count FROM conversations WHERE conv_id = $1`, ch.Conv).Scan(&key, &r.Members); err != nil {
 			return err
+		}
+		if m, _, err := memberOf(ctx, tx, ch.Conv, ch.Actor); err != nil {
+			return err
+		} else if m.mutedUntil > ch.Ts {
+			return MutedErr(m.mutedUntil)
 		}
 		var sender string
 		var ts int64

@@ -23,6 +23,7 @@ const (
 	KindLeave  Kind = 3
 	KindRecall Kind = 4
 	KindEdit   Kind = 5
+	KindUpdate Kind = 6 // a role, mute, ban or conversation setting changed
 )
 
 // String is the wire name of the kind.
@@ -38,6 +39,8 @@ func (k Kind) String() string {
 		return "recall"
 	case KindEdit:
 		return "edit"
+	case KindUpdate:
+		return "update"
 	}
 	return "hole"
 }
@@ -58,6 +61,8 @@ type Event struct {
 	// Edited is the ts of the newest edit of a msg (0: never edited); its
 	// Body is then that edit's.
 	Edited int64
+	// Update is what an update event changed (for its Users).
+	Update Update
 }
 
 // NewMessage is a msg event to insert at a seq the caller allocated.
@@ -78,7 +83,7 @@ type InsertResult struct {
 	Seq int64 // the stored seq: the allocated one, or the original on Dup
 	Ts  int64
 	Dup bool  // (conv, sender, cmid) was stored before: nothing new stored
-	Err error // nil, ErrNotMember (sender is not a current member) or ErrSeqTaken
+	Err error // nil, ErrNotMember (sender is not a current member), ErrForbidden (MutedErr: the sender is muted) or ErrSeqTaken
 	// For an inserted row: the conversation's current member count, and,
 	// if it is below the recipientsBelow argument of InsertMessages, the
 	// users whose membership periods contain the seq (HaveRecipients),
@@ -131,7 +136,8 @@ const insertMessagesSQL = `WITH u AS (
 		SELECT u.conv_key, u.seq, 1, u.sender, u.cmid, u.body, u.ts, ` + mentionsSQL + `
 		FROM u
 		WHERE coalesce((SELECT true FROM membership_periods m
-		                WHERE m.conv_id = u.conv AND m.user_id = u.sender AND m.to_seq IS NULL AND m.from_seq <= u.seq LIMIT 1), false)
+		                WHERE m.conv_id = u.conv AND m.user_id = u.sender AND m.to_seq IS NULL AND m.from_seq <= u.seq
+		                  AND (m.muted_until IS NULL OR m.muted_until <= u.ts) LIMIT 1), false)
 		%s
 		RETURNING conv_key, seq, mentions)
 	SELECT u.conv, u.seq, ins.mentions, u.member_count,
@@ -265,16 +271,17 @@ func lockKeys(ns string, ids []string) []int64 {
 
 // resolveMissing explains rows that InsertMessages did not insert.
 func resolveMissing(ctx context.Context, tx querier, msgs []NewMessage, missing []int, res []InsertResult) error {
-	idx, seqs := make([]int64, len(missing)), make([]int64, len(missing))
+	idx, seqs, tss := make([]int64, len(missing)), make([]int64, len(missing)), make([]int64, len(missing))
 	convs, senders, cmids := make([]string, len(missing)), make([]string, len(missing)), make([]string, len(missing))
 	for j, i := range missing {
-		idx[j], convs[j], senders[j], cmids[j], seqs[j] = int64(i), msgs[i].Conv, msgs[i].Sender, msgs[i].Cmid, msgs[i].Seq
+		idx[j], convs[j], senders[j], cmids[j], seqs[j], tss[j] = int64(i), msgs[i].Conv, msgs[i].Sender, msgs[i].Cmid, msgs[i].Seq, msgs[i].Ts
 	}
 	rows, err := tx.Query(ctx, `SELECT u.i, e.seq, e.ts,
-			EXISTS (SELECT 1 FROM membership_periods m WHERE m.conv_id = u.conv AND m.user_id = u.sender AND m.to_seq IS NULL AND m.from_seq <= u.seq)
-		FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::bigint[]) AS u(i, conv, sender, cmid, seq)
+			EXISTS (SELECT 1 FROM membership_periods m WHERE m.conv_id = u.conv AND m.user_id = u.sender AND m.to_seq IS NULL AND m.from_seq <= u.seq),
+			(SELECT coalesce(max(m.muted_until), 0) FROM membership_periods m WHERE m.conv_id = u.conv AND m.user_id = u.sender AND m.to_seq IS NULL AND m.muted_until > u.ts)
+		FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::bigint[]) AS u(i, conv, sender, cmid, seq, ts)
 		LEFT JOIN conversations c ON c.conv_id = u.conv
-		LEFT JOIN events e ON e.conv_key = c.conv_key AND e.sender = u.sender AND e.cmid = u.cmid`, idx, convs, senders, cmids, seqs)
+		LEFT JOIN events e ON e.conv_key = c.conv_key AND e.sender = u.sender AND e.cmid = u.cmid`, idx, convs, senders, cmids, seqs, tss)
 	if err != nil {
 		return err
 	}
@@ -283,7 +290,8 @@ func resolveMissing(ctx context.Context, tx querier, msgs []NewMessage, missing 
 		var i int64
 		var seq, ts *int64
 		var member bool
-		if err := rows.Scan(&i, &seq, &ts, &member); err != nil {
+		var mutedUntil int64
+		if err := rows.Scan(&i, &seq, &ts, &member, &mutedUntil); err != nil {
 			return err
 		}
 		m := msgs[i]
@@ -294,6 +302,9 @@ func resolveMissing(ctx context.Context, tx querier, msgs []NewMessage, missing 
 		case seq != nil: // inserted by this very statement under another row's key: cannot happen, but is not an error
 		case !member:
 			res[i].Err = ErrNotMember
+			holes[m.Conv] = append(holes[m.Conv], m.Seq)
+		case mutedUntil > 0:
+			res[i].Err = MutedErr(mutedUntil)
 			holes[m.Conv] = append(holes[m.Conv], m.Seq)
 		default:
 			res[i].Err = ErrSeqTaken
@@ -445,7 +456,7 @@ func readRanges(ctx context.Context, tx pgx.Tx, conv convRef, periods []Period, 
 		}
 		end := min(next.To, p.Head)
 		want := limit - len(p.Events)
-		rows, err := tx.Query(ctx, `SELECT seq, kind, sender, coalesce(cmid, ''), coalesce(body, ''::bytea), ts, recalled_by IS NOT NULL, coalesce(target, 0), users, mentions, coalesce(edited_ts, 0)
+		rows, err := tx.Query(ctx, `SELECT seq, kind, sender, coalesce(cmid, ''), coalesce(body, ''::bytea), ts, recalled_by IS NOT NULL, coalesce(target, 0), users, mentions, coalesce(edited_ts, 0), attrs
 			FROM events WHERE conv_key = $1 AND seq > $2 AND seq <= $3 ORDER BY seq LIMIT $4`, conv.key, pos, end, want)
 		if err != nil {
 			return err
@@ -454,7 +465,12 @@ func readRanges(ctx context.Context, tx pgx.Tx, conv convRef, periods []Period, 
 		gap := int64(0)
 		for rows.Next() {
 			e := Event{Conv: conv.id}
-			if err := rows.Scan(&e.Seq, &e.Kind, &e.Sender, &e.Cmid, &e.Body, &e.Ts, &e.Recalled, &e.Target, &e.Users, &e.Mentions, &e.Edited); err != nil {
+			var attrs []byte
+			if err := rows.Scan(&e.Seq, &e.Kind, &e.Sender, &e.Cmid, &e.Body, &e.Ts, &e.Recalled, &e.Target, &e.Users, &e.Mentions, &e.Edited, &attrs); err != nil {
+				rows.Close()
+				return err
+			}
+			if err := e.Update.decode(attrs); err != nil {
 				rows.Close()
 				return err
 			}

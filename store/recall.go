@@ -25,10 +25,11 @@ type RecallResult struct {
 
 // Recall appends a recall event for message target, marks the target
 // recalled and empties its body, in one transaction ordered with the
-// conversation's sends (MembershipChange). Only the sender (ch.Actor, a
-// current member) may recall, within window milliseconds of the message's
-// ts: ErrNoMessage, ErrNotSender, ErrRecallWindow, ErrNotMember (also for
-// an unknown conversation). Recalling a recalled message returns the
+// conversation's sends (MembershipChange). The sender (ch.Actor, a
+// current member) may recall within window milliseconds of the message's
+// ts; in a group, its owner and admins may recall anyone's message at any
+// time: ErrNoMessage, ErrNotSender, ErrRecallWindow, ErrNotMember (also
+// for an unknown conversation). Recalling a recalled message returns the
 // first recall (Again), without a new seq.
 func (s *Store) Recall(ctx context.Context, ch *MembershipChange, target, windowMs int64) (RecallResult, error) {
 	r := RecallResult{Target: target}
@@ -43,7 +44,8 @@ func (s *Store) Recall(ctx context.Context, ch *MembershipChange, target, window
 		// own messages into own_msg_buckets as dense_seq passes them, is
 		// ordered before or after this recall (see AdvanceDense).
 		var dense, key int64
-		if err := tx.QueryRow(ctx, `SELECT dense_seq, member_count, conv_key FROM conversations WHERE conv_id = $1 FOR UPDATE`, ch.Conv).Scan(&dense, &r.Members, &key); err != nil {
+		var kind string
+		if err := tx.QueryRow(ctx, `SELECT dense_seq, member_count, conv_key, kind FROM conversations WHERE conv_id = $1 FOR UPDATE`, ch.Conv).Scan(&dense, &r.Members, &key, &kind); err != nil {
 			return err
 		}
 		var sender string
@@ -56,12 +58,24 @@ func (s *Store) Recall(ctx context.Context, ch *MembershipChange, target, window
 			return ErrNoMessage
 		case err != nil:
 			return err
-		case sender != ch.Actor:
-			return ErrNotSender
+		}
+		moderator := false
+		if sender != ch.Actor {
+			// Someone else's message: only a group's owner and admins.
+			m, _, err := memberOf(ctx, tx, ch.Conv, ch.Actor)
+			if err != nil {
+				return err
+			}
+			if kind != "group" || m.role < RoleAdmin {
+				return ErrNotSender
+			}
+			moderator = true
+		}
+		switch {
 		case recalledBy != nil:
 			r.Seq, r.Again = *recalledBy, true
 			return nil
-		case ch.Ts-ts > windowMs:
+		case !moderator && ch.Ts-ts > windowMs:
 			return ErrRecallWindow
 		}
 		if err := allocate(ctx, tx, ch); err != nil {

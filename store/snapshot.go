@@ -90,19 +90,19 @@ SELECT 0 AS t, it.k, '' AS conv, 0::bigint AS after, it.head, it.read, it.unread
 	ELSE 0 END AS total,
 	it.froms, it.tos,
 	0::bigint AS seq, 0::smallint AS kind, '' AS sender, '' AS cmid, ''::bytea AS body, 0::bigint AS ts,
-	false AS recalled, 0::bigint AS target, NULL::text[] AS users, 0::bigint AS edited
+	false AS recalled, 0::bigint AS target, NULL::text[] AS users, 0::bigint AS edited, NULL::jsonb AS attrs
 FROM it
 UNION ALL
 SELECT 1, 0, rg.conv, rg.after, 0, 0, 0, 0, NULL, NULL,
 	e.seq, e.kind, e.sender, coalesce(e.cmid, ''), coalesce(e.body, ''::bytea), e.ts,
-	e.recalled_by IS NOT NULL, coalesce(e.target, 0), e.users, coalesce(e.edited_ts, 0)
+	e.recalled_by IS NOT NULL, coalesce(e.target, 0), e.users, coalesce(e.edited_ts, 0), e.attrs
 FROM rg JOIN events e ON e.conv_key = rg.key AND e.seq > rg.after AND e.seq <= rg.head
 UNION ALL
 SELECT 2, it.k, '', 0, 0, 0, 0, 0, NULL, NULL,
-	tl.seq, tl.kind, tl.sender, tl.cmid, tl.body, tl.ts, tl.recalled, tl.target, tl.users, tl.edited
+	tl.seq, tl.kind, tl.sender, tl.cmid, tl.body, tl.ts, tl.recalled, tl.target, tl.users, tl.edited, tl.attrs
 FROM it CROSS JOIN LATERAL (
 	SELECT e.seq, e.kind, e.sender, coalesce(e.cmid, '') AS cmid, coalesce(e.body, ''::bytea) AS body, e.ts,
-		e.recalled_by IS NOT NULL AS recalled, coalesce(e.target, 0) AS target, e.users, coalesce(e.edited_ts, 0) AS edited
+		e.recalled_by IS NOT NULL AS recalled, coalesce(e.target, 0) AS target, e.users, coalesce(e.edited_ts, 0) AS edited, e.attrs
 	FROM events e WHERE e.conv_key = it.key AND e.seq > greatest(it.after, it.cleared) AND e.kind <> 0
 		AND EXISTS (SELECT 1 FROM membership_periods m WHERE m.conv_id = it.conv AND m.user_id = it.usr
 			AND e.seq >= m.from_seq AND (m.to_seq IS NULL OR e.seq <= m.to_seq))
@@ -236,8 +236,13 @@ func (s *Store) snapshotRows(ctx context.Context, users, convs []string, afters 
 		var hdr SnapshotItem
 		var froms, tos []int64
 		var e Event
+		var attrs []byte
 		if err := rows.Scan(&t, &k, &key.conv, &key.after, &hdr.Head, &hdr.Read, &hdr.Unread, &hdr.Skipped, &froms, &tos,
-			&e.Seq, &e.Kind, &e.Sender, &e.Cmid, &e.Body, &e.Ts, &e.Recalled, &e.Target, &e.Users, &e.Edited); err != nil {
+			&e.Seq, &e.Kind, &e.Sender, &e.Cmid, &e.Body, &e.Ts, &e.Recalled, &e.Target, &e.Users, &e.Edited, &attrs); err != nil {
+			rows.Close()
+			return err
+		}
+		if err := e.Update.decode(attrs); err != nil {
 			rows.Close()
 			return err
 		}

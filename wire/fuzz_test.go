@@ -140,6 +140,33 @@ func project(q Request, fs Field) Request {
 	if fs&FMentionAll != 0 {
 		p.MentionAll = q.MentionAll
 	}
+	if fs&FMentions != 0 {
+		p.Mentions = q.Mentions
+		if p.Mentions == nil {
+			p.Mentions = []string{}
+		}
+	}
+	if fs&FProvider != 0 {
+		p.Provider = q.Provider
+	}
+	if fs&FSandbox != 0 {
+		p.Sandbox = q.Sandbox
+	}
+	if fs&FMutedUntil != 0 {
+		p.MutedUntil = q.MutedUntil
+	}
+	if fs&FReceiptsPrivate != 0 {
+		p.ReceiptsPrivate = q.ReceiptsPrivate
+	}
+	if fs&FUser != 0 {
+		p.User = q.User
+	}
+	if fs&FRole != 0 {
+		p.Role = q.Role
+	}
+	if fs&FInvite != 0 {
+		p.Invite = q.Invite
+	}
 	return p
 }
 

@@ -36,6 +36,14 @@ func sampleRequests() []Request {
 		{T: TSnapshot, Rid: "13", Convs: []ConvAfter{{Conv: "a", After: 0}, {Conv: "b", After: 1 << 33}}},
 		{T: TSnapshot, Rid: "13b", Convs: []ConvAfter{}},
 		{T: TRecall, Rid: "14", Conv: "c1", Seq: 12},
+		{T: TRole, Rid: "15", Conv: "g1", User: "bob", Role: RoleAdmin},
+		{T: TMembersRemove, Rid: "16", Conv: "g1", Users: []string{"bob", "cy"}},
+		{T: TMemberMute, Rid: "17", Conv: "g1", User: "bob", MutedUntil: 1 << 41},
+		{T: TMemberMute, Rid: "17b", Conv: "g1", User: "bob", Has: FMutedUntil}, // unmute: 0
+		{T: TBan, Rid: "18", Conv: "g1", User: "bob"},
+		{T: TUnban, Conv: "g1", User: "bob"},
+		{T: TConvUpdate, Rid: "19", Conv: "g1", Title: "new", Invite: InviteAdmins},
+		{T: TConvUpdate, Rid: "19b", Conv: "g1", Has: FTitle}, // the empty title
 	}
 }
 
@@ -205,6 +213,16 @@ func TestDecodeRequestBad(t *testing.T) {
 		{"refresh without jwt", mp(t, M{"t": "refresh", "rid": "r6"}), BadRequest, TRefresh, "r6", "jwt"},
 		{"refresh with jwt as int", mp(t, M{"t": "refresh", "rid": "r6", "jwt": 5}), BadRequest, TRefresh, "r6", "jwt"},
 		{"conv_create bad kind", mp(t, M{"t": "conv_create", "rid": "r7", "kind": "channel", "members": []string{}}), BadRequest, TConvCreate, "r7", "kind"},
+		{"role unknown", mp(t, M{"t": "role", "rid": "m1", "conv": "g", "user": "u", "role": "king"}), BadRequest, TRole, "m1", "role"},
+		{"role without role", mp(t, M{"t": "role", "rid": "m1", "conv": "g", "user": "u"}), BadRequest, TRole, "m1", "role"},
+		{"role empty user", mp(t, M{"t": "role", "rid": "m1", "conv": "g", "user": "", "role": "admin"}), BadRequest, TRole, "m1", "user"},
+		{"ban without user", mp(t, M{"t": "ban", "rid": "m2", "conv": "g"}), BadRequest, TBan, "m2", "user"},
+		{"member_mute without muted_until", mp(t, M{"t": "member_mute", "rid": "m3", "conv": "g", "user": "u"}), BadRequest, TMemberMute, "m3", "muted_until"},
+		{"member_mute negative", mp(t, M{"t": "member_mute", "rid": "m3", "conv": "g", "user": "u", "muted_until": -1}), BadRequest, TMemberMute, "m3", "muted_until"},
+		{"members_remove without users", mp(t, M{"t": "members_remove", "rid": "m4", "conv": "g"}), BadRequest, TMembersRemove, "m4", "users"},
+		{"conv_update without changes", mp(t, M{"t": "conv_update", "rid": "m5", "conv": "g"}), BadRequest, TConvUpdate, "m5", "title or invite"},
+		{"conv_update bad invite", mp(t, M{"t": "conv_update", "rid": "m5", "conv": "g", "invite": "nobody"}), BadRequest, TConvUpdate, "m5", "invite"},
+		{"unban empty conv", mp(t, M{"t": "unban", "rid": "m6", "conv": "", "user": "u"}), BadRequest, TUnban, "m6", "conv"},
 		{"conv_create no members", mp(t, M{"t": "conv_create", "rid": "r7", "kind": "group"}), BadRequest, TConvCreate, "r7", "members"},
 		{"members_add no users", mp(t, M{"t": "members_add", "rid": "r8", "conv": "c"}), BadRequest, TMembersAdd, "r8", "users"},
 		{"leave no conv", mp(t, M{"t": "leave", "rid": "r9"}), BadRequest, TLeave, "r9", "conv"},
