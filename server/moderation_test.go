@@ -1068,8 +1068,9 @@ type sendRecord struct {
 // replies come back, until stop is closed, maxSends sends were made, 10 s
 // passed, or (if stopAfterNotMember > 0) each worker got that many
 // NOT_MEMBER replies. confirmed is closed once warm sends were confirmed.
-// wait returns every send made.
-func racingSender(dev *modDev, conv string, workers, maxSends, warm, stopAfterNotMember int, stop <-chan struct{}) (wait func() []sendRecord, confirmed <-chan struct{}) {
+// wait returns every send made; since counts the sends written after a
+// time that were answered so far, confirmed and refused.
+func racingSender(dev *modDev, conv string, workers, maxSends, warm, stopAfterNotMember int, stop <-chan struct{}) (wait func() []sendRecord, confirmed <-chan struct{}, since func(time.Time) (ok, refused int)) {
 	var mu sync.Mutex
 	var recs []sendRecord
 	var wg sync.WaitGroup
@@ -1109,11 +1110,24 @@ func racingSender(dev *modDev, conv string, workers, maxSends, warm, stopAfterNo
 		}()
 	}
 	return func() []sendRecord {
-		wg.Wait()
-		mu.Lock()
-		defer mu.Unlock()
-		return slices.Clone(recs)
-	}, warmed
+			wg.Wait()
+			mu.Lock()
+			defer mu.Unlock()
+			return slices.Clone(recs)
+		}, warmed, func(from time.Time) (ok, refused int) {
+			mu.Lock()
+			defer mu.Unlock()
+			for _, r := range recs {
+				switch {
+				case !r.issued.After(from):
+				case r.err == nil:
+					ok++
+				default:
+					refused++
+				}
+			}
+			return ok, refused
+		}
 }
 
 // TestModerationMuteRacingSends: a member sends as fast as it can on
@@ -1131,7 +1145,7 @@ func TestModerationMuteRacingSends(t *testing.T) {
 	own, mem, obs := n.users["own"].a, n.users["mem"].b, n.users["obs"].b
 
 	stop := make(chan struct{})
-	wait, warm := racingSender(mem, g, 2, 5000, 5, 0, stop)
+	wait, warm, since := racingSender(mem, g, 2, 5000, 5, 0, stop)
 	select {
 	case <-warm:
 	case <-time.After(10 * time.Second):
@@ -1152,7 +1166,9 @@ func TestModerationMuteRacingSends(t *testing.T) {
 			t.Fatalf("mute %d: %s", i, brief(r, err))
 		}
 		w.mute = r.Seq
-		time.Sleep(50 * time.Millisecond)
+		// Muted for at least 30 ms and until a send written since was
+		// answered (bounded): every window sees sends.
+		settle(t, 30*time.Millisecond, func() bool { _, refused := since(w.muteDone); return refused > 0 })
 		w.unmuteIssued = time.Now()
 		r, err = own.do(reqMute(g, "mem", 0))
 		w.unmuteDone = time.Now()
@@ -1161,7 +1177,7 @@ func TestModerationMuteRacingSends(t *testing.T) {
 		}
 		w.unmute = r.Seq
 		windows = append(windows, w)
-		time.Sleep(50 * time.Millisecond)
+		settle(t, 30*time.Millisecond, func() bool { ok, _ := since(w.unmuteDone); return ok > 0 })
 	}
 	stopped := time.Now()
 	close(stop)
@@ -1256,6 +1272,17 @@ func TestModerationMuteRacingSends(t *testing.T) {
 	}
 	if holes := head - int64(len(evs)); holes != 0 {
 		t.Errorf("%d seqs of %d are holes: refused sends took seqs (head %d, %d events)", holes, head, head, len(evs))
+	}
+}
+
+// settle waits at least min, then until cond holds (at most 5 s).
+func settle(t *testing.T, min time.Duration, cond func() bool) {
+	t.Helper()
+	time.Sleep(min)
+	for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the racing sender got no reply within 5 s")
+		}
 	}
 }
 
@@ -1470,7 +1497,7 @@ func TestModerationRemovalRacingSends(t *testing.T) {
 	for it := 0; it < iterations; it++ {
 		g := fmt.Sprintf("rm-race-%d", it)
 		n.createGroup(t, g, "own", "mem", "obs")
-		wait, warm := racingSender(mem.b, g, 2, 1000, 4, 3, nil)
+		wait, warm, _ := racingSender(mem.b, g, 2, 1000, 4, 3, nil)
 		select {
 		case <-warm:
 		case <-time.After(10 * time.Second):
