@@ -193,10 +193,14 @@ type Options struct {
 
 	// OnEvent receives every visible event of every known conversation
 	// exactly once per conversation, in seq order per conversation:
-	// messages, joins, leaves and recalls (a recall's Target is the seq of
+	// messages, joins, leaves, recalls (a recall's Target is the seq of
 	// the message to blank; the message itself, if synced later, comes
-	// with Recalled set and an empty body). The client's own sends are
-	// delivered too.
+	// with Recalled set and an empty body), edits and updates (a role,
+	// member mute, ban or group setting changed: ev.Update says what, for
+	// ev.Users). The client's own sends are delivered too. A leave whose
+	// Users include this user (it left, or a moderator removed or banned
+	// it) is the last event of that membership: nothing newer of the
+	// conversation arrives until the user is added again.
 	//
 	// Exactly once holds within an epoch: if the server reports a new
 	// epoch for a conversation (it could no longer guarantee seq

@@ -1248,3 +1248,116 @@ func TestAutoAckManyConversationsAtOnce(t *testing.T) {
 	// A 2 s window: every conversation moves within one.
 	autoAckConversations(t, 300, 2*time.Second, 15*time.Second)
 }
+
+// Group moderation through Client: ana creates a group (so she owns it),
+// makes ben an admin, ben mutes cy (whose sends are then refused), a
+// plain member's removal is refused and changes nothing, ana sets the
+// title and invite policy, ben removes cy, and ana bans cy (no longer a
+// member) and unbans her. Every change reaches the members' OnEvent as an
+// update or leave event, in order; cy's last event is the leave that
+// removed her, and nothing newer reaches her. A direct conversation
+// refuses moderation.
+func TestModeration(t *testing.T) {
+	leakCheckAtEnd(t)
+	env := parleytest.Start(t, parleytest.Config(t))
+	ana, ben, cy := env.User(t, "ana", 1), env.User(t, "ben", 1), env.User(t, "cy", 1)
+	ra, rb, rc := newRecorder(), newRecorder(), newRecorder()
+	a := newClient(t, env.Addr, ana[0], ra, nil)
+	b := newClient(t, env.Addr, ben[0], rb, nil)
+	c := newClient(t, env.Addr, cy[0], rc, nil)
+	ctx := testCtx(t)
+	must := func(r wire.Message, err error) wire.Message {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	refused := func(what string, code wire.Code, err error) {
+		t.Helper()
+		if wire.CodeOf(err) != code {
+			t.Fatalf("%s: %v, want %s", what, err, code)
+		}
+	}
+
+	must(a.CreateGroup(ctx, "g1", "", "ben", "cy")) // seq 1
+	for _, cl := range []*client.Client{b, c} {
+		cl.Watch("g1", 0)
+	}
+	if r := must(a.SetRole(ctx, "g1", "ben", wire.RoleAdmin)); r.T != wire.TUpdateOK || r.Conv != "g1" || r.Seq != 2 {
+		t.Fatalf("role: %+v, want update_ok seq 2", r)
+	}
+	until := time.Now().Add(time.Hour).UnixMilli()
+	if r := must(b.MuteMember(ctx, "g1", "cy", until)); r.Seq != 3 {
+		t.Fatalf("member_mute: %+v, want seq 3", r)
+	}
+	_, err := c.Send(ctx, "g1", "cy-1", []byte("am I muted?"))
+	refused("send while muted", wire.Forbidden, err)
+	_, err = c.RemoveMembers(ctx, "g1", "ben")
+	refused("removal by a plain member", wire.Forbidden, err)
+	_, err = b.SetRole(ctx, "g1", "cy", wire.RoleAdmin)
+	refused("role by an admin", wire.Forbidden, err)
+	title := "Trip"
+	if r := must(a.UpdateConv(ctx, "g1", &title, wire.InviteAdmins)); r.Seq != 4 {
+		t.Fatalf("conv_update: %+v, want seq 4 (the refusals appended nothing)", r)
+	}
+	if r := must(b.RemoveMembers(ctx, "g1", "cy")); r.T != wire.TMembersOK || r.Head != 5 {
+		t.Fatalf("members_remove: %+v, want members_ok head 5", r)
+	}
+	testenv.CheckFor(t, 5*time.Second, poll, cursorAt(c, "g1", 5))
+	_, err = c.Send(ctx, "g1", "cy-2", []byte("still here?"))
+	refused("send after the removal", wire.NotMember, err)
+	if r := must(a.Send(ctx, "g1", "a-1", []byte("bye cy"))); r.Seq != 6 {
+		t.Fatalf("send: %+v, want seq 6", r)
+	}
+	if r := must(a.Ban(ctx, "g1", "cy")); r.Seq != 7 {
+		t.Fatalf("ban of a former member: %+v, want seq 7 (no leave: she is not a member)", r)
+	}
+	_, err = a.AddMembers(ctx, "g1", "cy")
+	refused("adding a banned user", wire.Forbidden, err)
+	if r := must(a.Unban(ctx, "g1", "cy")); r.Seq != 8 {
+		t.Fatalf("unban: %+v, want seq 8", r)
+	}
+
+	testenv.CheckFor(t, 5*time.Second, poll, cursorAt(a, "g1", 8))
+	testenv.CheckFor(t, 5*time.Second, poll, cursorAt(b, "g1", 8))
+	for name, r := range map[string]*recorder{"ana": ra, "ben": rb} {
+		evs := r.evs("g1")
+		if got := r.seqs("g1"); !slices.Equal(got, span(1, 8)) {
+			t.Fatalf("%s's OnEvent seqs = %v, want 1..8 once each, in order", name, got)
+		}
+		check := func(i int, ok bool) {
+			t.Helper()
+			if !ok {
+				t.Fatalf("%s: seq %d = %+v", name, i+1, evs[i])
+			}
+		}
+		check(1, evs[1].Kind == wire.KindUpdate && evs[1].Sender == "ana" && slices.Equal(evs[1].Users, []string{"ben"}) && evs[1].Role == wire.RoleAdmin)
+		check(2, evs[2].Kind == wire.KindUpdate && evs[2].Sender == "ben" && slices.Equal(evs[2].Users, []string{"cy"}) && evs[2].Muted() == until)
+		check(3, evs[3].Kind == wire.KindUpdate && evs[3].Title != nil && *evs[3].Title == "Trip" && evs[3].Invite == wire.InviteAdmins && len(evs[3].Users) == 0)
+		check(4, evs[4].Kind == wire.KindLeave && evs[4].Sender == "ben" && slices.Equal(evs[4].Users, []string{"cy"}))
+		check(5, evs[5].Kind == wire.KindMsg && evs[5].Sender == "ana")
+		check(6, evs[6].Kind == wire.KindUpdate && slices.Equal(evs[6].Users, []string{"cy"}) && evs[6].Banned != nil && *evs[6].Banned)
+		check(7, evs[7].Kind == wire.KindUpdate && slices.Equal(evs[7].Users, []string{"cy"}) && evs[7].Banned != nil && !*evs[7].Banned)
+	}
+	// cy: everything up to the leave that removed her, and nothing after,
+	// even when she asks for a sync.
+	if err := c.Sync(ctx, "g1"); err != nil {
+		t.Fatalf("cy's sync after the removal: %v", err)
+	}
+	never(t, 300*time.Millisecond, "cy received an event after her removal", func() bool { return len(rc.evs("g1")) > 5 })
+	if got := rc.seqs("g1"); !slices.Equal(got, span(1, 5)) {
+		t.Fatalf("cy's OnEvent seqs = %v, want 1..5", got)
+	}
+	if last := rc.evs("g1")[4]; last.Kind != wire.KindLeave || !slices.Equal(last.Users, []string{"cy"}) {
+		t.Fatalf("cy's last event: %+v, want the leave that removed her", last)
+	}
+	if got := c.Cursor("g1"); got != 8 {
+		t.Fatalf("cy's cursor after the sync: %d, want 8 (the seqs after her leave are covered, not shown)", got)
+	}
+
+	// A direct conversation has no roles.
+	d := must(a.CreateDirect(ctx, "ben"))
+	_, err = a.MuteMember(ctx, d.Conv, "ben", until)
+	refused("member_mute in a direct conversation", wire.Forbidden, err)
+}

@@ -344,3 +344,49 @@ func (c *Conn) Convs(ctx context.Context, limit int, cursor string) (wire.Messag
 func (c *Conn) Snapshot(ctx context.Context, convs []wire.ConvAfter) (wire.Message, error) {
 	return c.Do(ctx, wire.Request{T: wire.TSnapshot, Convs: convs})
 }
+
+// SetRole gives user the role ("owner", "admin" or "member") in the group
+// conv; the reply is update_ok (Seq: the update event). Giving "owner"
+// transfers ownership: the caller, the owner, becomes an admin.
+func (c *Conn) SetRole(ctx context.Context, conv, user, role string) (wire.Message, error) {
+	return c.Do(ctx, wire.Request{T: wire.TRole, Conv: conv, User: user, Role: role})
+}
+
+// RemoveMembers removes users from the group conv (one leave event, sent
+// by the caller); the reply is members_ok (Head).
+func (c *Conn) RemoveMembers(ctx context.Context, conv string, users ...string) (wire.Message, error) {
+	if users == nil {
+		users = []string{}
+	}
+	return c.Do(ctx, wire.Request{T: wire.TMembersRemove, Conv: conv, Users: users})
+}
+
+// MuteMember stops user from sending to conv until mutedUntil (Unix ms;
+// 0 unmutes); the reply is update_ok.
+func (c *Conn) MuteMember(ctx context.Context, conv, user string, mutedUntil int64) (wire.Message, error) {
+	return c.Do(ctx, wire.Request{T: wire.TMemberMute, Conv: conv, User: user, MutedUntil: mutedUntil, Has: wire.FMutedUntil})
+}
+
+// Ban bans user from conv (removing them if they are a member); the reply
+// is update_ok.
+func (c *Conn) Ban(ctx context.Context, conv, user string) (wire.Message, error) {
+	return c.Do(ctx, wire.Request{T: wire.TBan, Conv: conv, User: user})
+}
+
+// Unban lifts user's ban from conv (without adding them back); the reply
+// is update_ok.
+func (c *Conn) Unban(ctx context.Context, conv, user string) (wire.Message, error) {
+	return c.Do(ctx, wire.Request{T: wire.TUnban, Conv: conv, User: user})
+}
+
+// UpdateConv changes the group conv's title (nil: unchanged; "" clears
+// it) and invite policy ("all", "admins"; "": unchanged); the reply is
+// update_ok.
+func (c *Conn) UpdateConv(ctx context.Context, conv string, title *string, invite string) (wire.Message, error) {
+	req := wire.Request{T: wire.TConvUpdate, Conv: conv, Invite: invite}
+	if title != nil {
+		req.Title = *title
+		req.Has |= wire.FTitle
+	}
+	return c.Do(ctx, req)
+}

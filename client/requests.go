@@ -81,6 +81,75 @@ func (c *Client) Leave(ctx context.Context, conv string) (wire.Message, error) {
 	return r, err
 }
 
+// SetRole gives user the role wire.RoleOwner, RoleAdmin or RoleMember in
+// the group conv (the owner only; giving owner transfers ownership and
+// makes the caller an admin). The update event (reply's Seq) reaches
+// OnEvent.
+func (c *Client) SetRole(ctx context.Context, conv, user, role string) (wire.Message, error) {
+	return c.update(ctx, conv, func(ctx context.Context, conn *Conn) (wire.Message, error) {
+		return conn.SetRole(ctx, conv, user, role)
+	})
+}
+
+// RemoveMembers removes users from the group conv (the owner: anyone
+// but itself; an admin: plain members): one leave event, sent by this
+// user, which reaches OnEvent. The removed users' devices receive that
+// leave, then nothing more of conv.
+func (c *Client) RemoveMembers(ctx context.Context, conv string, users ...string) (wire.Message, error) {
+	r, err := c.do(ctx, func(ctx context.Context, conn *Conn) (wire.Message, error) {
+		return conn.RemoveMembers(ctx, conv, users...)
+	})
+	if err == nil {
+		c.follow(conv, r.Head)
+	}
+	return r, err
+}
+
+// MuteMember refuses user's sends and edits in the group conv until
+// mutedUntil (Unix ms; 0 unmutes). The update event reaches OnEvent.
+func (c *Client) MuteMember(ctx context.Context, conv, user string, mutedUntil int64) (wire.Message, error) {
+	return c.update(ctx, conv, func(ctx context.Context, conn *Conn) (wire.Message, error) {
+		return conn.MuteMember(ctx, conv, user, mutedUntil)
+	})
+}
+
+// Ban bans user from the group conv: a member is removed (an update
+// event with Banned, then a leave), and nobody can add the user back
+// until Unban. Both events reach OnEvent.
+func (c *Client) Ban(ctx context.Context, conv, user string) (wire.Message, error) {
+	return c.update(ctx, conv, func(ctx context.Context, conn *Conn) (wire.Message, error) {
+		return conn.Ban(ctx, conv, user)
+	})
+}
+
+// Unban lifts user's ban from the group conv (it does not add the user
+// back). The update event reaches OnEvent.
+func (c *Client) Unban(ctx context.Context, conv, user string) (wire.Message, error) {
+	return c.update(ctx, conv, func(ctx context.Context, conn *Conn) (wire.Message, error) {
+		return conn.Unban(ctx, conv, user)
+	})
+}
+
+// UpdateConv sets the group conv's title (nil: unchanged; "" clears it)
+// and invite policy (wire.InviteAll or InviteAdmins; "": unchanged). The
+// update event reaches OnEvent.
+func (c *Client) UpdateConv(ctx context.Context, conv string, title *string, invite string) (wire.Message, error) {
+	return c.update(ctx, conv, func(ctx context.Context, conn *Conn) (wire.Message, error) {
+		return conn.UpdateConv(ctx, conv, title, invite)
+	})
+}
+
+// update sends a request answered with update_ok and makes sure the
+// events up to its seq (the update event, and a ban's leave after it)
+// are fetched: the server does not push them to this device.
+func (c *Client) update(ctx context.Context, conv string, f func(context.Context, *Conn) (wire.Message, error)) (wire.Message, error) {
+	r, err := c.do(ctx, f)
+	if err == nil {
+		c.follow(conv, r.Seq)
+	}
+	return r, err
+}
+
 // Recall recalls this user's message at seq. The recall event (reply's
 // Seq) reaches OnEvent; its Target is seq.
 func (c *Client) Recall(ctx context.Context, conv string, seq int64) (wire.Message, error) {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"time"
@@ -67,11 +68,16 @@ func (e *APIError) Error() string {
 
 // post sends in as JSON and decodes a 2xx reply into out.
 func (a *Admin) post(ctx context.Context, path string, in, out any) error {
+	return a.call(ctx, http.MethodPost, path, in, out)
+}
+
+// call sends in as JSON with method and decodes a 2xx reply into out.
+func (a *Admin) call(ctx context.Context, method, path string, in, out any) error {
 	b, err := json.Marshal(in)
 	if err != nil {
 		return err
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, a.base+path, bytes.NewReader(b))
+	req, err := http.NewRequestWithContext(ctx, method, a.base+path, bytes.NewReader(b))
 	if err != nil {
 		return err
 	}
@@ -155,4 +161,18 @@ func (a *Admin) Conversations(ctx context.Context, specs []ConvSpec) ([]ConvCrea
 		out = append(out, resp.Conversations...)
 	}
 	return out, nil
+}
+
+// SetRole gives user the role in the group conv (PUT
+// /v1/conversations/{id}/members/{user}/role) and returns the seq of the
+// update event it appended (the head if the user had that role already).
+func (a *Admin) SetRole(ctx context.Context, conv, user, role string) (int64, error) {
+	var resp struct {
+		Seq int64 `json:"seq"`
+	}
+	path := "/v1/conversations/" + url.PathEscape(conv) + "/members/" + url.PathEscape(user) + "/role"
+	if err := a.call(ctx, http.MethodPut, path, map[string]string{"role": role}, &resp); err != nil {
+		return 0, err
+	}
+	return resp.Seq, nil
 }

@@ -389,12 +389,7 @@ func (c *Conn) syncHinted(ctx context.Context) {
 				break
 			}
 			c.r.syncs.Add(1)
-			for _, ev := range m.Events {
-				if ev.Kind == wire.KindMsg {
-					c.r.tracker.Synced(ref.track, ref.i, ev.Seq, c.sentBy(ev.Cmid))
-				}
-			}
-			c.armAck()
+			c.recordSynced(ref, m.Events)
 			if !m.More || m.Upto <= after {
 				break
 			}
@@ -413,6 +408,20 @@ func (c *Conn) syncHinted(ctx context.Context) {
 			})
 		}
 	}
+}
+
+// recordSynced records the events of a sync page of the tracked
+// conversation ref: messages as synced (a delivery unless pushed
+// before), other events as held.
+func (c *Conn) recordSynced(ref convRef, evs []wire.Event) {
+	for _, ev := range evs {
+		if ev.Kind == wire.KindMsg {
+			c.r.tracker.Synced(ref.track, ref.i, ev.Seq, c.sentBy(ev.Cmid))
+		} else {
+			c.r.tracker.Held(ref.track, ref.i, ev.Seq)
+		}
+	}
+	c.armAck()
 }
 
 // hintRetry is how long the tool waits before syncing a hinted
@@ -527,11 +536,15 @@ func (c *Conn) onFrame(m wire.Message) {
 		if r.cfg.dropEvery > 0 && r.pushesSeen.Add(1)%r.cfg.dropEvery == 0 {
 			return
 		}
+		ref, ok := c.routes[m.Conv]
 		if m.Kind != wire.KindMsg {
 			r.tracker.OtherEvent()
+			if ok && ref.i >= 0 {
+				r.tracker.Held(ref.track, ref.i, m.Seq)
+				c.armAck()
+			}
 			return
 		}
-		ref, ok := c.routes[m.Conv]
 		if !ok || ref.i < 0 {
 			r.tracker.Unexpected()
 			return

@@ -123,7 +123,27 @@ func runLarge(ctx context.Context, r *runner) error {
 	if err != nil {
 		return fmt.Errorf("provisioning the group: %w", err)
 	}
-	tr := r.tracker.Track(convs[0].ID, convs[0].Head, deviceIDs(devs)...)
+	head := convs[0].Head
+	// The moderator: the last online member that does not send (the
+	// senders are spread evenly from the first), or the last one if all
+	// send. A group made through the admin API has no owner: make it one.
+	mod := m - 1
+	if r.cfg.Moderate > 0 {
+		sending := map[int]bool{}
+		for i := range k {
+			sending[i*m/k] = true
+		}
+		for i := m - 1; i >= 0; i-- {
+			if !sending[i] {
+				mod = i
+				break
+			}
+		}
+		if head, err = r.admin.SetRole(ctx, convs[0].ID, users[mod], "owner"); err != nil {
+			return fmt.Errorf("making the moderator the group's owner: %w", err)
+		}
+	}
+	tr := r.tracker.Track(convs[0].ID, head, deviceIDs(devs)...)
 	fmt.Fprintf(r.cfg.Out, "provisioned %d users, %d devices, one group of %d in %s (prefix %s)\n",
 		n, m, n, time.Since(t0).Round(time.Millisecond), r.cfg.Prefix)
 
@@ -138,6 +158,11 @@ func runLarge(ctx context.Context, r *runner) error {
 	senders := make([]*Conn, k)
 	for i := range senders {
 		senders[i] = conns[i*m/k]
+	}
+	if r.cfg.Moderate > 0 {
+		r.moderator = r.newModerator(conns[mod], tr.id, users[m:])
+		r.series = []series{{"send_ok", r.sendOK}, {"push", r.push},
+			{"update_ok", r.moderator.updateOK}, {"members_ok", r.moderator.membersOK}}
 	}
 	r.load(ctx, func(j, intended int64) {
 		senders[j%int64(k)].send(tr.id, j, intended)

@@ -156,6 +156,9 @@ func (rep *Report) htmlSummary(b *strings.Builder) {
 			add("groups", "%d × %d members", rep.Groups, rep.GroupSize)
 		case "large":
 			add("group", "%d members, %d online, %d senders", rep.Members, rep.Online, rep.Senders)
+			if mr := rep.Moderation; mr != nil {
+				add("moderation", "%s", strings.TrimPrefix(mr.text(), "moderation "))
+			}
 		case "direct":
 			add("pairs", "%d", rep.Pairs)
 		case "mixed":

@@ -110,6 +110,11 @@ type Config struct {
 	Members int // default 10000
 	Online  int // default 2000
 	Senders int // default 10
+	// Moderate, if above 0, adds a moderator to scenario large: an online
+	// member that does not send, made the group's owner, which mutes and
+	// removes offline members, alternately, this many times a second
+	// (moderate.go). 0: none.
+	Moderate float64
 
 	// Scenario idle: Conns connections that authenticate and ping every
 	// PingInterval for Duration; the server's RSS is read from
@@ -208,10 +213,11 @@ func (c *Config) setDefaults() {
 	}
 	if c.Size == 0 {
 		c.Size = 20
-		if c.Scenario == "storm" {
+		if c.Scenario == "storm" || c.Scenario == "typing" {
 			c.Size = 5
 		}
 	}
+
 	if c.Users == 0 {
 		c.Users = 1000
 	}
@@ -229,10 +235,18 @@ func (c *Config) setDefaults() {
 			c.NotifyDelay = 3 * time.Second
 		}
 	}
+	if c.Devices == 0 {
+		c.Devices = 2000
+	}
 	if c.Groups == 0 {
 		c.Groups = 50
-		if c.Scenario == "mixed" {
+		switch c.Scenario {
+		case "mixed":
 			c.Groups = max(1, c.Users/max(c.Size, 1))
+		case "typing":
+			// Each device in 20 groups: at 10,000 frames/s from 2,000
+			// devices it types in each every 4 s, under the relay's limit.
+			c.Groups = max(1, c.Devices*20/max(c.Size, 1))
 		}
 	}
 	if c.DevicesPerUser == 0 {
@@ -274,9 +288,7 @@ func (c *Config) setDefaults() {
 	if c.PingInterval == 0 {
 		c.PingInterval = 30 * time.Second
 	}
-	if c.Devices == 0 {
-		c.Devices = 2000
-	}
+
 	if c.ConvsPer == 0 {
 		c.ConvsPer = 3
 	}
@@ -342,7 +354,12 @@ func (c *Config) Validate() error {
 	if c.Pairs < 1 || c.Pairs > MaxPairs {
 		bad("pairs must be 1 to %d", MaxPairs)
 	}
-	if c.Groups < 1 && !(c.Scenario == "mixed" && c.Groups < 0) || c.Size < 2 || int64(c.Groups)*int64(c.Size) > MaxConns {
+	if c.Scenario == "typing" {
+		// Members are not connections here: each device is in many groups.
+		if c.Groups < 1 || c.Size < 2 || c.Size > c.Devices || int64(c.Groups)*int64(c.Size) > MaxMembers {
+			bad("typing: groups × size must be at most %d, with 2 to devices members a group", MaxMembers)
+		}
+	} else if c.Groups < 1 && !(c.Scenario == "mixed" && c.Groups < 0) || c.Size < 2 || int64(c.Groups)*int64(c.Size) > MaxConns {
 		bad("groups × size must be at most %d, with at least 2 members a group", MaxConns)
 	}
 	if c.GroupOnline < 0 || c.GroupOnline > c.Size || c.GroupOnline == 1 {
@@ -362,6 +379,14 @@ func (c *Config) Validate() error {
 	}
 	if c.Senders < 1 || c.Senders > c.Online {
 		bad("senders must be 1 to online")
+	}
+	switch {
+	case c.Moderate < 0 || c.Moderate > MaxModerate:
+		bad("moderate must be 0 to %d requests per second", MaxModerate)
+	case c.Moderate > 0 && c.Scenario != "large":
+		bad("moderate applies to large")
+	case c.Moderate > 0 && c.Members-c.Online < 2:
+		bad("moderate needs at least 2 offline members (members − online): it mutes and removes those")
 	}
 	if c.Conns < 1 || c.Conns > MaxConns {
 		bad("conns must be 1 to %d", MaxConns)
@@ -436,10 +461,11 @@ var scenarios = map[string]func(context.Context, *runner) error{
 	"storm":  runStorm,
 	"mixed":  runMixed,
 	"notify": runNotify,
+	"typing": runTyping,
 }
 
 // sendScenarios are the scenarios that pace sends (and need -rate).
-var sendScenarios = map[string]bool{"direct": true, "group": true, "large": true, "mixed": true, "notify": true}
+var sendScenarios = map[string]bool{"direct": true, "group": true, "large": true, "mixed": true, "notify": true, "typing": true}
 
 // Scenarios lists the scenario names.
 func Scenarios() []string {
@@ -509,6 +535,7 @@ type runner struct {
 	mix         *mixState   // scenario mixed: reads and multi-device figures; set before connecting
 	features    *featureMix // scenario mixed: typing, edits, clears, receipts; nil when off
 	probes      *probes     // Config.ProbePostgres, ProbeRedis (nil: none); set before the scenario runs
+	moderator   *moderator  // scenario large with Config.Moderate; set before the load
 
 	mu    sync.Mutex // guards conns
 	conns []*Conn

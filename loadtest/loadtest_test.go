@@ -161,6 +161,35 @@ func TestTracker(t *testing.T) {
 	}
 }
 
+// Non-msg events a device holds (an update, a leave) move its cursor
+// like its messages, and are neither owed nor lost nor deliveries.
+func TestTrackerHeld(t *testing.T) {
+	tr := NewTracker()
+	c := tr.Track("c1", 1, "a", "b")
+	a, b := c.member("a"), c.member("b")
+	tr.Confirmed(c, a, 2, false)
+	tr.Held(c, b, 3) // an update pushed to b
+	tr.Held(c, a, 3) // a made it: its reply told the seq
+	tr.Confirmed(c, a, 4, false)
+	tr.Pushed(c, b, 4)
+	if c.cursorOf(b) != 1 {
+		t.Errorf("b's cursor %d, want 1: seq 2 is still missing", c.cursorOf(b))
+	}
+	tr.Pushed(c, b, 2)
+	if c.cursorOf(a) != 4 || c.cursorOf(b) != 4 {
+		t.Errorf("cursors %d %d, want 4 4", c.cursorOf(a), c.cursorOf(b))
+	}
+	if seq, ok := c.ackable(b); !ok || seq != 4 {
+		t.Errorf("ackable %d %v, want 4", seq, ok)
+	}
+	if _, n, unconf := tr.Check(10); n != 0 || unconf != 0 {
+		t.Errorf("lost %d unconfirmed %d", n, unconf)
+	}
+	if tr.expected.Load() != 2 || tr.delivered.Load() != 2 {
+		t.Errorf("expected %d delivered %d, want 2 2", tr.expected.Load(), tr.delivered.Load())
+	}
+}
+
 func TestValidate(t *testing.T) {
 	base := Config{Scenario: "direct", Addr: "127.0.0.1:7070", AdminURL: "http://127.0.0.1:8081", Rate: 100}
 	ok := base
@@ -176,6 +205,9 @@ func TestValidate(t *testing.T) {
 		"unknown scenario": func(c *Config) { c.Scenario = "nope" },
 		"long warmup":      func(c *Config) { c.Warmup = 2 * time.Minute },
 		"idle warmup":      func(c *Config) { c.Scenario, c.Warmup = "idle", time.Second },
+		"direct moderated": func(c *Config) { c.Moderate = 1 },
+		"moderate < 0":     func(c *Config) { c.Scenario, c.Moderate = "large", -1 },
+		"nobody offline":   func(c *Config) { c.Scenario, c.Members, c.Online, c.Moderate = "large", 100, 99, 1 },
 	} {
 		c := base
 		mod(&c)
@@ -184,6 +216,11 @@ func TestValidate(t *testing.T) {
 		}
 	}
 	c := base
+	c.Scenario, c.Members, c.Online, c.Moderate = "large", 100, 98, 0.5
+	if err := c.Validate(); err != nil {
+		t.Errorf("large with a moderator and 2 offline members: %v", err)
+	}
+	c = base
 	c.Addr, c.AllowRemote = "10.1.2.3:7070", true
 	if err := c.Validate(); err != nil {
 		t.Errorf("remote with AllowRemote: %v", err)

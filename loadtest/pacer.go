@@ -34,7 +34,20 @@ func (r *runner) load(ctx context.Context, fire func(k, intended int64)) {
 	self0 := selfCPU()
 	mach0, machErr := machineCPU()
 
+	// The moderator works during the window only, and its replies are in
+	// before the drain starts.
+	modStop, modDone := make(chan struct{}), make(chan struct{})
+	if m := r.moderator; m != nil {
+		go func() {
+			defer close(modDone)
+			m.run(modStop)
+		}()
+	} else {
+		close(modDone)
+	}
 	start, end := r.pace(ctx, fire, r.warm.sends, r.cfg.Duration)
+	close(modStop)
+	<-modDone
 	drainEnd := r.drain(ctx)
 	if r.mix != nil {
 		r.report.Mixed.ReadsUnsent = r.mix.stop()

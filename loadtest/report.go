@@ -98,6 +98,10 @@ type Report struct {
 	Mixed *MixedReport `json:"mixed,omitempty"`
 	// Notify is the notify scenario's (notifications against the owed set).
 	Notify *NotifyReport `json:"notify,omitempty"`
+	// Typing is the typing scenario's (typing frames relayed).
+	Typing *TypingReport `json:"typing,omitempty"`
+	// Moderation is the large scenario's moderator's (-moderate).
+	Moderation *ModerationReport `json:"moderation,omitempty"`
 
 	// Latency is every latency metric of the run (send_ok and push again,
 	// and the scenario's own: ping, reconnect, …); Timeline their
@@ -176,6 +180,14 @@ func (rep *Report) WriteTable(w io.Writer) {
 				n.Expected, n.Received, n.Missing, n.Duplicates, n.Unexpected, n.BadSig, n.Collapsed, n.PerS)
 			fmt.Fprintf(w, "commit → sink ms: p50 %.1f  p90 %.1f  p99 %.1f  max %.1f\n", n.LatencyMs.P50, n.LatencyMs.P90, n.LatencyMs.P99, n.LatencyMs.Max)
 		}
+	case "typing":
+		if t := rep.Typing; t != nil {
+			fmt.Fprintf(w, "%d devices in %d groups of %d (%d groups each): typing frames written %d (%.0f/s), received %d (%.0f/s)\n",
+				t.Devices, t.Groups, t.GroupSize, t.GroupsPerDev, t.Written, t.WrittenPerS, t.Received, t.ReceivedPerS)
+			if t.ServerUsPerIn != nil && t.ServerUsPerTo != nil {
+				fmt.Fprintf(w, "server CPU: %.2f µs per frame written, %.2f µs per frame received\n", *t.ServerUsPerIn, *t.ServerUsPerTo)
+			}
+		}
 	case "mixed":
 		if mr := rep.Mixed; mr != nil {
 			fmt.Fprintf(w, "%d users, %d devices (%.2f per user, %d users with several), %d direct conversations (%d per user), %d groups of %d; %.2f conversations and %.3f msgs/s per user\n",
@@ -196,6 +208,9 @@ func (rep *Report) WriteTable(w io.Writer) {
 	}
 	fmt.Fprintf(w, "errors: %s   acks %d  hints %d (synced %d pages, %d deliveries)  kicks %d  disconnects %d  unconfirmed deliveries %d\n",
 		strings.Join(errs, " "), rep.Acks, rep.Hints, rep.Syncs, rep.Synced, rep.Kicks, rep.Disconnects, rep.DeliveredUnconfirmed)
+	if mr := rep.Moderation; mr != nil {
+		fmt.Fprintln(w, mr.text())
+	}
 	if mr := rep.Mixed; mr != nil {
 		fmt.Fprintf(w, "sends: %d to direct conversations, %d to groups; pushes to the sender's other devices %d of %d owed\n",
 			mr.DirectSends, mr.GroupSends, mr.SiblingPushed, mr.SiblingOwed)
@@ -227,6 +242,9 @@ func (rep *Report) WriteTable(w io.Writer) {
 	rows := []latRow{{"send_ok_ms", rep.SendOKMs}, {"push_ms", rep.PushMs}}
 	if rep.ReadOKMs != nil && rep.ReadOKMs.Count > 0 {
 		rows = append(rows, latRow{"read_ok_ms", *rep.ReadOKMs})
+	}
+	if mr := rep.Moderation; mr != nil {
+		rows = append(rows, latRow{"update_ok_ms", mr.UpdateOKMs}, latRow{"members_ok_ms", mr.MembersOKMs})
 	}
 	for _, probe := range []string{"pg_commit", "redis_ping"} {
 		if sum, ok := rep.Latency[probe]; ok {
@@ -352,6 +370,9 @@ func (r *runner) finish(start, end, drainEnd int64, cpu map[string]time.Duration
 	rep.ConnectMs = Summarize(r.connect.Total())
 	if r.mix != nil {
 		r.finishMixed(float64(end-start) / 1e9)
+	}
+	if r.moderator != nil {
+		rep.Moderation = r.moderator.report()
 	}
 
 	r.cpuReport(float64(drainEnd-start)/1e9, cpu, self, rep.Confirmed, rep.Delivered)

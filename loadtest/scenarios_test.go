@@ -132,6 +132,70 @@ func TestLarge(t *testing.T) {
 	}
 }
 
+// TestLargeModerated runs scenario large with a moderator at 10 requests
+// a second: its mutes and removals of offline members all succeed, the
+// senders' accounting is exact as without it (every send owed 119
+// pushes, none lost), every online member is pushed the update and leave
+// events, and the group ends with the removed users gone and the
+// moderator its owner.
+func TestLargeModerated(t *testing.T) {
+	cfg := parleytest.Config(t)
+	cfg.SendRate = 0
+	env := parleytest.Start(t, cfg)
+	rep := runScenario(t, env, Config{Scenario: "large", Rate: 60, Duration: 2 * time.Second, Members: 600, Online: 120, Senders: 4, Moderate: 10})
+	checkSends(t, rep, 119)
+	mr := rep.Moderation
+	if mr == nil {
+		t.Fatal("no moderation report")
+	}
+	if mr.Requests < 15 || mr.Mutes+mr.Removes != mr.Requests || mr.Mutes == 0 || mr.Removes == 0 || mr.Removed != mr.Removes || len(mr.Errors) != 0 {
+		t.Errorf("moderation: %+v, want about 20 requests, half of each kind, all answered", mr)
+	}
+	if mr.UpdateOKMs.Count != mr.Mutes || mr.MembersOKMs.Count != mr.Removed || mr.UpdateOKMs.P50 <= 0 || mr.UpdateOKMs.P99 < mr.UpdateOKMs.P50 {
+		t.Errorf("moderation latencies: update_ok %+v, members_ok %+v", mr.UpdateOKMs, mr.MembersOKMs)
+	}
+	if rep.Latency["update_ok"].Count != mr.Mutes {
+		t.Errorf("latency_ms.update_ok: %+v, want %d", rep.Latency["update_ok"], mr.Mutes)
+	}
+	var table bytes.Buffer
+	rep.WriteTable(&table)
+	for _, want := range []string{"moderation (10/s by ", "update_ok_ms", "members_ok_ms"} {
+		if !strings.Contains(table.String(), want) {
+			t.Errorf("text report lacks %q", want)
+		}
+	}
+	var js bytes.Buffer
+	if err := rep.WriteJSON(&js); err != nil {
+		t.Fatal(err)
+	}
+	var m struct {
+		Moderation map[string]any `json:"moderation"`
+	}
+	if err := json.Unmarshal(js.Bytes(), &m); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"requests", "mutes", "removes", "errors", "update_ok_ms", "members_ok_ms"} {
+		if _, ok := m.Moderation[k]; !ok {
+			t.Errorf("JSON moderation lacks %q", k)
+		}
+	}
+	var members struct {
+		Members []struct{ User, Role string }
+	}
+	if st := env.Admin(t, "GET", "/v1/conversations/"+rep.RunPrefix+"large/members", nil, &members); st != 200 || int64(len(members.Members)) != 600-mr.Removed {
+		t.Fatalf("members: status %d, %d members, want %d", st, len(members.Members), 600-mr.Removed)
+	}
+	owner := ""
+	for _, mb := range members.Members {
+		if mb.Role == "owner" {
+			owner = mb.User
+		}
+	}
+	if want := rep.RunPrefix + "u" + strings.TrimPrefix(mr.Moderator, rep.RunPrefix+"d"); owner != want {
+		t.Errorf("owner %q, want the moderator's user %q", owner, want)
+	}
+}
+
 // TestIdle holds 300 bare connections with fast pings and reads the
 // server's RSS from its metrics listener.
 func TestIdle(t *testing.T) {

@@ -82,7 +82,8 @@ type memberTrack struct {
 	own    bitset     // seqs this device sent (confirmed); it gets send_ok, not a push
 	pushed bitset
 	synced bitset // seqs received by a sync after a hint
-	cursor int64  // the device holds every seq up to here (pushed, synced, its own, or before the run)
+	other  bitset // seqs of non-msg events the device holds (pushed or synced, or its own moderation)
+	cursor int64  // the device holds every seq up to here (pushed, synced, its own, other, or before the run)
 	acked  int64  // the newest cursor acked
 }
 
@@ -218,7 +219,7 @@ func (c *convTrack) cursorOf(i int) int64 {
 // advance moves the cursor over the seqs the device holds. m.mu must be
 // held.
 func (m *memberTrack) advance() {
-	for m.pushed.has(m.cursor+1) || m.own.has(m.cursor+1) || m.synced.has(m.cursor+1) {
+	for m.pushed.has(m.cursor+1) || m.own.has(m.cursor+1) || m.synced.has(m.cursor+1) || m.other.has(m.cursor+1) {
 		m.cursor++
 	}
 }
@@ -228,6 +229,17 @@ func (t *Tracker) Unexpected() { t.unexpected.Add(1) }
 
 // OtherEvent counts a push of a non-msg event.
 func (t *Tracker) OtherEvent() { t.otherEvents.Add(1) }
+
+// Held records that member i holds the non-msg event at seq (an update,
+// a leave, an edit: pushed, synced, or answered to the device that made
+// it), so its cursor, and the acks that report it, move past that seq.
+// It is no delivery: only msg events are owed.
+func (t *Tracker) Held(c *convTrack, i int, seq int64) {
+	m := c.members[i]
+	m.mu.Lock()
+	m.other.set(seq)
+	m.mu.Unlock()
+}
 
 // Lost is one confirmed send that some member device never received.
 type Lost struct {

@@ -69,8 +69,18 @@ func BenchmarkConvs(b *testing.B) {
 	if err := rows.Backfill(ctx, benchUser, first.Backfill); err != nil {
 		b.Fatal(err)
 	}
-	for _, limit := range []int{100, 1000} {
-		b.Run(fmt.Sprintf("convs=%d/events=%dM/limit=%d", benchConvs, benchConvs*benchEvents/1_000_000, limit), func(b *testing.B) {
+	for _, run := range []struct {
+		limit  int
+		clears bool
+	}{{100, false}, {1000, false}, {100, true}, {1000, true}} {
+		limit := run.limit
+		if run.clears {
+			// "Delete for me" in every conversation that has been read:
+			// cleared up to half of what was read (unread counts stay).
+			setClears(b, ctx, dbURL, `read_seq / 2`)
+			b.Cleanup(func() { setClears(b, context.Background(), dbURL, `0`) })
+		}
+		b.Run(fmt.Sprintf("convs=%d/events=%dM/limit=%d/clears=%v", benchConvs, benchConvs*benchEvents/1_000_000, limit, run.clears), func(b *testing.B) {
 			h := hdrhistogram.New(1, 10_000_000, 3)
 			b.ReportAllocs()
 			pg0, self0 := postgresCPU(), selfCPU()
@@ -99,6 +109,19 @@ func BenchmarkConvs(b *testing.B) {
 			b.ReportMetric(float64((postgresCPU()-pg0).Microseconds())/n, "postgres-µs/op")
 			b.ReportMetric(float64((selfCPU()-self0).Microseconds())/n, "go-µs/op")
 		})
+	}
+}
+
+// setClears sets the benchmark user's cleared positions to expr (of
+// read_seq) in the conversations it has read.
+func setClears(b *testing.B, ctx context.Context, dbURL, expr string) {
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `UPDATE read_positions SET cleared_seq = `+expr+` WHERE user_id = $1 AND read_seq > 0`, benchUser); err != nil {
+		b.Fatal(err)
 	}
 }
 

@@ -31,6 +31,9 @@ func runAdmin(ctx context.Context, args []string, stdout, stderr io.Writer) int 
   device ID USER              create a device of USER; prints its token
   group ID|- MEMBER...        create a group (-: the server picks the id)
   conv ID                     show a conversation (kind, head, members, mode)
+  members CONV                list a conversation's members: role, muted until, from seq
+  role CONV USER ROLE         give a member a role (owner, admin, member): how an
+                              admin-made group gets its owner
   show-user ID                show a user: suspended?, devices, which are connected
   revoke DEVICE               revoke a device (its connections are kicked; for good)
   rotate DEVICE               give a device a new token (printed; the old one fails)
@@ -55,7 +58,7 @@ Flags:
 	}
 	a := fs.Args()
 	if len(a) == 0 {
-		return bad("a COMMAND is needed (user, device, group, conv); try -h")
+		return bad("a COMMAND is needed (user, device, group, conv, members, role, …); try -h")
 	}
 	var method, path string
 	var body any
@@ -84,6 +87,16 @@ Flags:
 			return bad("usage: conv ID")
 		}
 		method, path = "GET", "/v1/conversations/"+url.PathEscape(a[1])
+	case "members":
+		if len(a) != 2 {
+			return bad("usage: members CONV")
+		}
+		method, path = "GET", "/v1/conversations/"+url.PathEscape(a[1])+"/members"
+	case "role":
+		if len(a) != 4 {
+			return bad("usage: role CONV USER owner|admin|member")
+		}
+		method, path, body = "PUT", "/v1/conversations/"+url.PathEscape(a[1])+"/members/"+url.PathEscape(a[2])+"/role", map[string]string{"role": a[3]}
 	case "show-user", "revoke", "rotate", "suspend", "unsuspend":
 		if len(a) != 2 {
 			return bad("usage: " + a[0] + " ID")
@@ -98,7 +111,7 @@ Flags:
 		}[a[0]]
 		method, path = call[0], call[1]
 	default:
-		return bad(fmt.Sprintf("unknown command %q (user, device, group, conv, show-user, revoke, rotate, suspend, unsuspend)", a[0]))
+		return bad(fmt.Sprintf("unknown command %q (user, device, group, conv, members, role, show-user, revoke, rotate, suspend, unsuspend)", a[0]))
 	}
 
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
@@ -130,7 +143,8 @@ Flags:
 	}
 	var r struct {
 		ID, User, Token, Kind, Title, Mode string
-		Head, Members                      int64
+		Head, Seq                          int64
+		Members                            json.RawMessage // a count (conv), or a list (members)
 		Suspended                          bool
 		Devices                            []struct {
 			ID           string
@@ -150,7 +164,26 @@ Flags:
 	case "group":
 		fmt.Fprintf(stdout, "created group %s (head %d)\n", r.ID, r.Head)
 	case "conv":
-		fmt.Fprintf(stdout, "%s: %s, head %d, %d members, mode %s\n", r.ID, r.Kind, r.Head, r.Members, r.Mode)
+		var n int64
+		_ = json.Unmarshal(r.Members, &n)
+		fmt.Fprintf(stdout, "%s: %s, head %d, %d members, mode %s\n", r.ID, r.Kind, r.Head, n, r.Mode)
+	case "members":
+		var ms []struct {
+			User, Role string
+			MutedUntil int64 `json:"muted_until"`
+			FromSeq    int64 `json:"from_seq"`
+		}
+		_ = json.Unmarshal(r.Members, &ms)
+		fmt.Fprintf(stdout, "%s: %d members\n", a[1], len(ms))
+		for _, m := range ms {
+			muted := ""
+			if m.MutedUntil > 0 {
+				muted = "  muted until " + time.UnixMilli(m.MutedUntil).Format(time.DateTime)
+			}
+			fmt.Fprintf(stdout, "  %s  %s  from #%d%s\n", m.User, m.Role, m.FromSeq, muted)
+		}
+	case "role":
+		fmt.Fprintf(stdout, "%s: %s is %s (seq %d)\n", a[1], a[2], a[3], r.Seq)
 	case "show-user":
 		fmt.Fprintf(stdout, "%s: suspended %v, %d devices\n", r.ID, r.Suspended, len(r.Devices))
 		for _, d := range r.Devices {

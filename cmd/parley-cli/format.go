@@ -28,11 +28,18 @@ type jsonEvent struct {
 	Target   int64    `json:"target,omitempty"`
 	Users    []string `json:"users,omitempty"`
 	Edited   int64    `json:"edited,omitempty"`
+	// An update event's changes (docs/protocol.md §9).
+	Role       string  `json:"role,omitempty"`
+	MutedUntil *int64  `json:"muted_until,omitempty"`
+	Banned     *bool   `json:"banned,omitempty"`
+	Title      *string `json:"title,omitempty"`
+	Invite     string  `json:"invite,omitempty"`
 }
 
 func eventJSON(ev wire.Event) jsonEvent {
 	j := jsonEvent{Seq: ev.Seq, Kind: ev.Kind, Sender: ev.Sender, Ts: ev.Ts, Cmid: ev.Cmid,
-		Recalled: ev.Recalled, Target: ev.Target, Users: ev.Users, Edited: ev.Edited}
+		Recalled: ev.Recalled, Target: ev.Target, Users: ev.Users, Edited: ev.Edited,
+		Role: ev.Role, MutedUntil: ev.MutedUntil, Banned: ev.Banned, Title: ev.Title, Invite: ev.Invite}
 	if ev.Kind == wire.KindMsg || len(ev.Body) > 0 {
 		if utf8.Valid(ev.Body) {
 			s := string(ev.Body)
@@ -150,8 +157,44 @@ func formatEvent(conv string, ev wire.Event) string {
 		return prefix + fmt.Sprintf("* %s recalled #%d", actor, ev.Target)
 	case wire.KindEdit:
 		return prefix + fmt.Sprintf("* %s edited #%d: %s", actor, ev.Target, formatBody(ev.Body))
+	case wire.KindUpdate:
+		return prefix + "* " + formatUpdate(actor, ev)
 	}
 	return prefix + fmt.Sprintf("* %s event from %s", ev.Kind, actor)
+}
+
+// formatUpdate describes an update event: "ana made ben admin", "ben
+// muted cy until …", "ana set the title to "Trip", invite admins".
+func formatUpdate(actor string, ev wire.Event) string {
+	users := strings.Join(ev.Users, ", ")
+	var what []string
+	if ev.Role != "" {
+		what = append(what, fmt.Sprintf("made %s %s", users, ev.Role))
+	}
+	if ev.MutedUntil != nil {
+		if *ev.MutedUntil == 0 {
+			what = append(what, "unmuted "+users)
+		} else {
+			what = append(what, fmt.Sprintf("muted %s until %s", users, formatTs(*ev.MutedUntil, false)))
+		}
+	}
+	if ev.Banned != nil {
+		if *ev.Banned {
+			what = append(what, "banned "+users)
+		} else {
+			what = append(what, "unbanned "+users)
+		}
+	}
+	if ev.Title != nil {
+		what = append(what, fmt.Sprintf("set the title to %q", *ev.Title))
+	}
+	if ev.Invite != "" {
+		what = append(what, "set invite to "+ev.Invite)
+	}
+	if len(what) == 0 {
+		what = append(what, "updated the group")
+	}
+	return actor + " " + strings.Join(what, ", ")
 }
 
 // formatBody shows text as is and anything else escaped; binary bodies

@@ -68,6 +68,12 @@ type event struct {
 	Recalled bool     `json:"recalled"`
 	Target   int64    `json:"target"`
 	Users    []string `json:"users"`
+	// update events
+	Role       string  `json:"role"`
+	MutedUntil *int64  `json:"muted_until"`
+	Banned     *bool   `json:"banned"`
+	Title      *string `json:"title"`
+	Invite     string  `json:"invite"`
 }
 
 type errorOut struct {
@@ -363,5 +369,159 @@ func TestCLINotify(t *testing.T) {
 	}
 	if code, out := as("mute", "g1", "0"); code != 0 || !strings.Contains(out, `"muted_until":0`) {
 		t.Fatalf("unmute: %d %q", code, out)
+	}
+}
+
+// TestCLIModeration: ana creates a group (she owns it) and moderates it
+// with role, mute-member, conv-update, remove, ban and unban, in JSON and
+// text; refusals exit 1 with FORBIDDEN (ben, an admin, giving a role; cy,
+// a plain member, removing; cy's send while muted), bad arguments exit 2;
+// open shows the update events.
+func TestCLIModeration(t *testing.T) {
+	env := parleytest.Start(t, parleytest.Config(t))
+	devs := map[string]parleytest.Device{}
+	for _, u := range []string{"ana", "ben", "cy"} {
+		devs[u] = env.User(t, u, 1)[0]
+	}
+	as := func(user string, args ...string) (int, string) {
+		t.Helper()
+		d := devs[user]
+		code, out, _ := cli(t, "", append([]string{"-addr", env.Addr, "-device", d.ID, "-token", d.Token, "-timeout", "5s"}, args...)...)
+		return code, out
+	}
+	type update struct {
+		Conv, User, Role, Invite string
+		Seq                      int64
+		MutedUntil               *int64 `json:"muted_until"`
+		Banned                   *bool
+		Title                    *string
+	}
+	refusal := func(what, want string, code int, out string) {
+		t.Helper()
+		if e := decode[errorOut](t, what, out); code != 1 || e.Error != want {
+			t.Fatalf("%s: exit %d %+v, want 1, %s", what, code, e, want)
+		}
+	}
+	usage := func(what string, code int, out string) {
+		t.Helper()
+		if e := decode[errorOut](t, what, out); code != 2 || e.Error != "USAGE" {
+			t.Fatalf("%s: exit %d %+v, want 2, USAGE", what, code, e)
+		}
+	}
+
+	if code, out := as("ana", "create", "group", "g1", "ben", "cy"); code != 0 || out != "opened g1 (head 1)\n" {
+		t.Fatalf("create: %d %q", code, out)
+	}
+	code, out := as("ana", "-json", "role", "g1", "ben", "admin")
+	if u := decode[update](t, "role", out); code != 0 || u.Conv != "g1" || u.Seq != 2 || u.User != "ben" || u.Role != "admin" {
+		t.Fatalf("role: %d %q", code, out)
+	}
+	code, out = as("ana", "-json", "role", "g1", "ben", "boss")
+	usage("role boss", code, out)
+	code, out = as("ben", "-json", "role", "g1", "cy", "admin")
+	refusal("role by an admin", "FORBIDDEN", code, out)
+
+	before := time.Now().Add(10 * time.Minute).UnixMilli()
+	code, out = as("ben", "-json", "mute-member", "g1", "cy", "10m")
+	if u := decode[update](t, "mute-member", out); code != 0 || u.Seq != 3 || u.User != "cy" || u.MutedUntil == nil ||
+		*u.MutedUntil < before || *u.MutedUntil > before+60_000 {
+		t.Fatalf("mute-member: %d %q", code, out)
+	}
+	code, out = as("cy", "-json", "send", "g1", "hello?")
+	refusal("send while muted", "FORBIDDEN", code, out)
+	code, out = as("ben", "-json", "mute-member", "g1", "cy", "soon")
+	usage("mute-member soon", code, out)
+	code, out = as("cy", "-json", "remove", "g1", "ben")
+	refusal("remove by a plain member", "FORBIDDEN", code, out)
+
+	code, out = as("ana", "-json", "conv-update", "g1", "-title", "Road", "trip", "-invite", "admins")
+	if u := decode[update](t, "conv-update", out); code != 0 || u.Seq != 4 || u.Title == nil || *u.Title != "Road trip" || u.Invite != "admins" {
+		t.Fatalf("conv-update: %d %q", code, out)
+	}
+	for _, bad := range [][]string{{"g1"}, {"g1", "-invite", "everyone"}, {"g1", "-invite"}, {"g1", "title"}} {
+		code, out = as("ana", append([]string{"-json", "conv-update"}, bad...)...)
+		usage(fmt.Sprintf("conv-update %q", bad), code, out)
+	}
+
+	code, out = as("ben", "-json", "remove", "g1", "cy")
+	if r := decode[struct {
+		Conv  string
+		Users []string
+		Head  int64
+	}](t, "remove", out); code != 0 || r.Conv != "g1" || strings.Join(r.Users, ",") != "cy" || r.Head != 5 {
+		t.Fatalf("remove: %d %q", code, out)
+	}
+	code, out = as("ana", "-json", "ban", "g1", "cy")
+	if u := decode[update](t, "ban", out); code != 0 || u.Seq != 6 || u.User != "cy" || u.Banned == nil || !*u.Banned {
+		t.Fatalf("ban: %d %q", code, out)
+	}
+	code, out = as("ana", "-json", "add", "g1", "cy")
+	refusal("add a banned user", "FORBIDDEN", code, out)
+	if code, out := as("ana", "unban", "g1", "cy"); code != 0 || out != "g1: cy unbanned (seq 7)\n" {
+		t.Fatalf("unban: %d %q", code, out)
+	}
+	if code, out := as("ana", "role", "g1", "ben", "member"); code != 0 || out != "g1: ben is member (seq 8)\n" {
+		t.Fatalf("role in text: %d %q", code, out)
+	}
+
+	// The events, as open shows them.
+	code, out = as("ana", "-json", "open", "g1")
+	opened := decode[struct {
+		Conv                            string
+		Epoch, Head, Upto, Read, Unread int64
+		MinSeq                          int64 `json:"min_seq"`
+		Events                          []event
+	}](t, "open", out)
+	if code != 0 || opened.Head != 8 || len(opened.Events) != 8 {
+		t.Fatalf("open: %d %q", code, out)
+	}
+	evs := opened.Events
+	if e := evs[1]; e.Kind != "update" || e.Sender != "ana" || strings.Join(e.Users, ",") != "ben" || e.Role != "admin" {
+		t.Fatalf("open: seq 2 = %+v, want ana's update making ben admin", e)
+	}
+	if e := evs[2]; e.Kind != "update" || e.Sender != "ben" || e.MutedUntil == nil || *e.MutedUntil < before {
+		t.Fatalf("open: seq 3 = %+v, want ben's mute of cy", e)
+	}
+	if e := evs[3]; e.Kind != "update" || e.Title == nil || *e.Title != "Road trip" || e.Invite != "admins" || len(e.Users) != 0 {
+		t.Fatalf("open: seq 4 = %+v, want the title and invite update", e)
+	}
+	if e := evs[4]; e.Kind != "leave" || e.Sender != "ben" || strings.Join(e.Users, ",") != "cy" {
+		t.Fatalf("open: seq 5 = %+v, want ben's removal of cy", e)
+	}
+	if e := evs[5]; e.Kind != "update" || e.Banned == nil || !*e.Banned || evs[6].Banned == nil || *evs[6].Banned {
+		t.Fatalf("open: seqs 6, 7 = %+v, %+v, want the ban and the unban", e, evs[6])
+	}
+	// A group made through the admin API has no owner until one is set.
+	admin := func(args ...string) (int, string, string) {
+		t.Helper()
+		return cli(t, "", append([]string{"admin", "-admin", env.AdminURL, "-token", parleytest.AdminToken}, args...)...)
+	}
+	if code, out, errOut := admin("group", "g2", "ana", "ben"); code != 0 {
+		t.Fatalf("admin group: %d %q %q", code, out, errOut)
+	}
+	code, out = as("ana", "-json", "role", "g2", "ben", "admin")
+	refusal("role in a group without owner", "FORBIDDEN", code, out)
+	if code, out, errOut := admin("role", "g2", "ana", "owner"); code != 0 || out != "g2: ana is owner (seq 2)\n" {
+		t.Fatalf("admin role: %d %q %q", code, out, errOut)
+	}
+	if code, out, _ := admin("-json", "role", "g2", "ana", "boss"); code != 1 || !strings.Contains(out, "BAD_REQUEST") {
+		t.Fatalf("admin role boss: %d %q, want 1, BAD_REQUEST", code, out)
+	}
+	if code, out := as("ana", "-json", "role", "g2", "ben", "admin"); code != 0 || decode[update](t, "role in g2", out).Seq != 3 {
+		t.Fatalf("role by the new owner: %d %q", code, out)
+	}
+	if code, out, errOut := admin("members", "g2"); code != 0 || !strings.HasPrefix(out, "g2: 2 members\n") ||
+		!strings.Contains(out, "  ana  owner  from #1\n") || !strings.Contains(out, "  ben  admin  from #1\n") {
+		t.Fatalf("admin members: %d %q %q", code, out, errOut)
+	}
+
+	code, out = as("ana", "open", "g1")
+	for _, want := range []string{
+		"* ana made ben admin", "* ben muted cy until ", `* ana set the title to "Road trip", set invite to admins`,
+		"* left: cy (removed by ben)", "* ana banned cy", "* ana unbanned cy", "* ana made ben member",
+	} {
+		if code != 0 || !strings.Contains(out, want) {
+			t.Fatalf("open in text lacks %q: %d\n%s", want, code, out)
+		}
 	}
 }

@@ -78,6 +78,7 @@ func run(args []string) int {
 	fs.IntVar(&cfg.Members, "members", 10000, "large: members of the group")
 	fs.IntVar(&cfg.Online, "online", 0, "large: members connected (default min(2000, members))")
 	fs.IntVar(&cfg.Senders, "senders", 0, "large: online members that send (default min(10, online)); notify: sender devices (default 20)")
+	fs.Float64Var(&cfg.Moderate, "moderate", 0, "large: a moderator (an online member that does not send, made the group's owner) mutes and removes offline members, alternately, `RATE` times a second during the window (0: none)")
 	// Scenario idle.
 	fs.IntVar(&cfg.Conns, "conns", 1000, "idle: connections to hold")
 	fs.DurationVar(&cfg.PingInterval, "ping", 30*time.Second, "idle: each connection pings this often")
@@ -248,9 +249,10 @@ func run(args []string) int {
 var scenarioHelp = map[string]string{
 	"direct": "pairs of users, one device each, sending to each other (-pairs)",
 	"group":  "groups of one-device members (-groups, -size)",
-	"large":  "one large group, some members online, a few sending (-members, -online, -senders)",
+	"large":  "one large group, some members online, a few sending (-members, -online, -senders, -moderate)",
 	"idle":   "connections held open, pinging; server RSS per connection (-conns, -ping)",
 	"storm":  "every device drops and reconnects at once, then snapshots (-devices, -convs, -size, -msgs; -jwt-secret or -jwt-key: JWT first logins)",
+	"typing": "typing frames only, relayed to the groups' other members (-devices, -groups, -size)",
 	"mixed": "multi-device users (-devices-per-user) in direct conversations and groups, random\n" +
 		"          senders, read reports (-users, -directs, -groups, -size, -read-prob, -read-delay)",
 }
