@@ -61,6 +61,10 @@ type Committed struct {
 	Members        int64
 	Recipients     []string
 	HaveRecipients bool
+	// Leaving says Users leave right after this event (a ban's update,
+	// followed by their leave): their membership periods still hold it,
+	// though fan-out's online index dropped them before it was committed.
+	Leaving bool
 }
 
 // Config tunes the log.

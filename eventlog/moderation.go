@@ -89,7 +89,7 @@ func (l *Log) moderate(ctx context.Context, conv, actor, device string, apply fu
 		if r.LeaveSeq != 0 {
 			members++ // the update came before the removal
 		}
-		evs := []Committed{{Device: device, Members: members, Event: store.Event{Conv: conv, Seq: r.Seq, Kind: store.KindUpdate,
+		evs := []Committed{{Device: device, Members: members, Leaving: r.LeaveSeq != 0, Event: store.Event{Conv: conv, Seq: r.Seq, Kind: store.KindUpdate,
 			Sender: actor, Ts: ch.Ts, Users: r.Users, Update: r.Update}}}
 		if r.LeaveSeq != 0 {
 			evs = append(evs, Committed{Device: device, Members: r.Members, Event: store.Event{Conv: conv, Seq: r.LeaveSeq, Kind: store.KindLeave,

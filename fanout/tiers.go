@@ -67,9 +67,10 @@ func (f *Fanout) deliverBig(ctx context.Context, evs []eventlog.Committed) error
 				out.add(e.Event, frame, r.Entry, true)
 				users[r.User] = true
 			}
-			if e.Kind == store.KindLeave {
+			if e.Kind == store.KindLeave || e.Leaving {
 				// The leaver's entries are gone already; the leave event
-				// itself is still theirs to see.
+				// itself (and a ban's update right before it) is still
+				// theirs to see.
 				leavers, err := f.routes.Lookup(ctx, e.Users)
 				if err != nil && firstErr == nil {
 					firstErr = err
