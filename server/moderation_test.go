@@ -1274,21 +1274,35 @@ func TestModerationMuteRacingSends(t *testing.T) {
 	if len(updates) != 2*len(windows) {
 		t.Errorf("%d update events in the log, want %d", len(updates), 2*len(windows))
 	}
-	// A refused request takes no seq: every seq up to head holds one of
-	// the events obs sees.
-	t.Run("no_holes", func(t *testing.T) {
+	// A refused send takes no seq, but for the one exception of
+	// docs/protocol.md §3: a send already on its way when the mute
+	// committed (allocated after the mute's seq by a gateway that had not
+	// heard of it yet) is refused at the commit and its seq is a hole. So
+	// holes may only lie strictly between a mute and its unmute: a send
+	// below the mute's seq is judged by its seq and accepted, whenever it
+	// commits.
+	t.Run("holes_only_inside_mutes", func(t *testing.T) {
 		seen := map[int64]bool{}
 		for _, ev := range evs {
 			seen[ev.Seq] = true
 		}
-		var holes []int64
+		var holes, outside []int64
 		for s := int64(1); s <= head; s++ {
-			if !seen[s] {
-				holes = append(holes, s)
+			if seen[s] {
+				continue
+			}
+			holes = append(holes, s)
+			inside := false
+			for _, w := range windows {
+				inside = inside || (s > w.mute && s < w.unmute)
+			}
+			if !inside {
+				outside = append(outside, s)
 			}
 		}
-		if len(holes) > 0 {
-			t.Errorf("seqs %v of 1..%d are holes: refused sends took seqs (mute/unmute seqs: %v)", holes, head, updates)
+		t.Logf("%d holes of 1..%d: %v", len(holes), head, holes)
+		if len(outside) > 0 {
+			t.Errorf("seqs %v of 1..%d are holes outside every muted interval (mute/unmute seqs: %v)", outside, head, updates)
 		}
 	})
 }

@@ -149,8 +149,9 @@ const insertMessagesSQL = `WITH u AS (
 // mute is judged by seq, in the log's order: a send whose seq is above
 // the mute's while the mute lasts (muted_until above the send's ts), or
 // between the last mute and the unmute that ended it, is refused; one
-// below the mute's is not, even if it commits after it.
-const mutedSQL = `((m.muted_until > u.ts AND u.seq > coalesce(m.muted_seq, 0))
+// below the mute's is not, even if it commits after it. (Never NULL: a
+// NULL would refuse every send.)
+const mutedSQL = `((coalesce(m.muted_until, 0) > u.ts AND u.seq > coalesce(m.muted_seq, 0))
 	OR (u.seq > coalesce(m.muted_seq, 0) AND u.seq < coalesce(m.unmuted_seq, 0)))`
 
 var (
