@@ -101,7 +101,18 @@ type Gateway struct {
 	sessions map[*Session]struct{} // every open connection
 	devices  map[string]*Session   // device -> its authenticated connection
 
-	wg       sync.WaitGroup // request goroutines
+	// Tracked goroutines (requests, batches, route cleanup, timers'
+	// work): Shutdown waits for them. Guarded by tmu, not a
+	// sync.WaitGroup: they are started by event loops, timers and commit
+	// workers, which cannot promise that a start from none running
+	// happens before Shutdown begins to wait (and the event loops may
+	// still run when Shutdown's ctx ends first). Under tmu a start and the
+	// wait are always ordered.
+	tmu      sync.Mutex
+	tracked  int           // tracked goroutines running
+	draining bool          // Shutdown waits: once tracked is 0, none starts again
+	drained  chan struct{} // closed when tracked reaches 0 while draining
+
 	stopOnce sync.Once
 	stopping chan struct{}
 }
@@ -197,11 +208,11 @@ func (g *Gateway) Shutdown(ctx context.Context) error {
 		for time.Now().Before(deadline) && g.Sessions() > 0 {
 			time.Sleep(20 * time.Millisecond)
 		}
+		// If ctx ends first, Stop returns while the event loops still
+		// run (and may still close connections and start goroutines).
 		err = g.eng.Stop(ctx)
-		done := make(chan struct{})
-		go func() { g.wg.Wait(); close(done) }()
 		select {
-		case <-done:
+		case <-g.drain():
 		case <-ctx.Done():
 			err = errors.Join(err, ctx.Err())
 		}
@@ -209,13 +220,46 @@ func (g *Gateway) Shutdown(ctx context.Context) error {
 	return err
 }
 
-// goroutine runs f on a tracked goroutine (Shutdown waits for them).
+// goroutine runs f on a tracked goroutine: Shutdown waits for it. Once
+// Shutdown has seen every tracked goroutine end, f is not run at all (the
+// server is closing the stores it would use).
 func (g *Gateway) goroutine(f func()) {
-	g.wg.Add(1)
+	g.tmu.Lock()
+	if g.draining && g.tracked == 0 {
+		g.tmu.Unlock()
+		return
+	}
+	g.tracked++
+	g.tmu.Unlock()
 	go func() {
-		defer g.wg.Done()
+		defer g.untrack()
 		f()
 	}()
+}
+
+// untrack ends a tracked goroutine.
+func (g *Gateway) untrack() {
+	g.tmu.Lock()
+	g.tracked--
+	if g.tracked == 0 && g.draining {
+		close(g.drained)
+	}
+	g.tmu.Unlock()
+}
+
+// drain stops tracked goroutines from starting once none runs, and
+// returns a channel closed when none runs any more.
+func (g *Gateway) drain() <-chan struct{} {
+	g.tmu.Lock()
+	defer g.tmu.Unlock()
+	if !g.draining {
+		g.draining = true
+		g.drained = make(chan struct{})
+		if g.tracked == 0 {
+			close(g.drained)
+		}
+	}
+	return g.drained
 }
 
 // isWS reports whether c came in on the WebSocket listener.

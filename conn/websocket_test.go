@@ -646,9 +646,20 @@ func TestWebSocketNoLeaksAndShutdown(t *testing.T) {
 	last, _ := authedWS(t, env)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	go env.Srv.Shutdown(ctx)
+	shutdown := make(chan error, 1)
+	go func() { shutdown <- env.Srv.Shutdown(ctx) }()
 	if m := last.expect(wire.TKick); m.Reason != "shutdown" {
 		t.Fatalf("kick = %+v", m)
 	}
 	last.expectClose(ws.StatusGoingAway)
+	// The shutdown completes within its ctx (the deferred cancel must not
+	// cut it short).
+	select {
+	case err := <-shutdown:
+		if err != nil {
+			t.Fatalf("Shutdown: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("Shutdown did not return within 15s")
+	}
 }
