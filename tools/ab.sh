@@ -10,6 +10,9 @@
 #   RUNS      runs of each build (default 5)
 #   LOAD      parley-load arguments after the scenario's address flags
 #             (default "direct -rate 10000 -duration 10s -warmup 3s -pairs 200")
+#   LOAD_A, LOAD_B
+#             that side's arguments instead of LOAD: with A=B the same build
+#             under two loads (e.g. mixed with and without -no-features)
 #   ONECORE   1: the one-core budget (parleyd, Redis and the PostgreSQL
 #             postmaster with its backends all on core 0); default: only
 #             parleyd on core 0 (PostgreSQL and Redis float)
@@ -26,6 +29,8 @@ A=${A:-HEAD}
 B=${B:-.}
 RUNS=${RUNS:-5}
 LOAD=${LOAD:-"direct -rate 10000 -duration 10s -warmup 3s -pairs 200"}
+LOAD_A=${LOAD_A:-$LOAD}
+LOAD_B=${LOAD_B:-$LOAD}
 ONECORE=${ONECORE:-0}
 SERVER_ENV=${SERVER_ENV:-}
 TRANSPORT_A=${TRANSPORT_A:-tcp}
@@ -52,7 +57,7 @@ build() { # build REV DIR: parleyd of REV ("." = the working tree) into DIR
 build "$A" "$OUT/A"
 build "$B" "$OUT/B"
 go build -o "$OUT/parley-load" ./cmd/parley-load
-echo "A = $(cat "$OUT/A/rev") over $TRANSPORT_A, B = $(cat "$OUT/B/rev") over $TRANSPORT_B, load: $LOAD, one-core: $ONECORE" | tee "$OUT/what.txt"
+echo "A = $(cat "$OUT/A/rev") over $TRANSPORT_A, B = $(cat "$OUT/B/rev") over $TRANSPORT_B, load: A $LOAD_A, B $LOAD_B, one-core: $ONECORE" | tee "$OUT/what.txt"
 
 . "$(dirname "$0")/benchenv.sh"
 # The commit and PING probes run beside every run (docs/loadtest.md).
@@ -83,8 +88,8 @@ run() { # run SIDE N
   local dburl="${base%%\?*}"
   dburl="${dburl%/*}/$db?sslmode=disable"
   local port=$((20000 + RANDOM % 12000))
-  local transport=$TRANSPORT_A
-  [ "$side" = B ] && transport=$TRANSPORT_B
+  local transport=$TRANSPORT_A load=$LOAD_A
+  [ "$side" = B ] && transport=$TRANSPORT_B load=$LOAD_B
   local addr=(-addr "127.0.0.1:$port")
   [ "$transport" = ws ] && addr=(-transport ws -addr "127.0.0.1:$((port + 2))")
   prefix="ab$RANDOM:"
@@ -95,7 +100,7 @@ run() { # run SIDE N
   pid=$!
   for _ in $(seq 100); do grep -q "parleyd ready" "$OUT/${side}_$n.log" && break; sleep 0.1; done
   # shellcheck disable=SC2086
-  taskset -c 1 "$OUT/parley-load" $LOAD "${addr[@]}" -admin http://127.0.0.1:$((port + 1)) -token ab \
+  taskset -c 1 "$OUT/parley-load" $load "${addr[@]}" -admin http://127.0.0.1:$((port + 1)) -token ab \
     -server-pid "$pid" -cpu "$cpu" $probes -json "$OUT/${side}_$n.json" > "$OUT/${side}_$n.txt" 2>&1 || true
   cleanup
   if [ "$ONECORE" = 1 ]; then pin_backends 0; fi
