@@ -115,7 +115,9 @@ func (c *Client) MuteMember(ctx context.Context, conv, user string, mutedUntil i
 
 // Ban bans user from the group conv: a member is removed (an update
 // event with Banned, then a leave), and nobody can add the user back
-// until Unban. Both events reach OnEvent.
+// until Unban. The update event reaches OnEvent; the leave after it, as
+// this device's own action, is not pushed to it and reaches OnEvent with
+// the conversation's next push or sync.
 func (c *Client) Ban(ctx context.Context, conv, user string) (wire.Message, error) {
 	return c.update(ctx, conv, func(ctx context.Context, conn *Conn) (wire.Message, error) {
 		return conn.Ban(ctx, conv, user)
