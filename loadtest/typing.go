@@ -3,6 +3,7 @@ package loadtest
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -54,7 +55,9 @@ func runTyping(ctx context.Context, r *runner) error {
 			d := (i*s + j) % n
 			members = append(members, users[d])
 		}
-		specs[i] = ConvSpec{ID: r.cfg.Prefix + "t" + strconv.Itoa(i), Kind: "group", Members: uniqStrings(members)}
+		// A group smaller than Size when Devices < Size: each member once.
+		slices.Sort(members)
+		specs[i] = ConvSpec{ID: r.cfg.Prefix + "t" + strconv.Itoa(i), Kind: "group", Members: slices.Compact(members)}
 	}
 	convs, err := r.admin.Conversations(ctx, specs)
 	if err != nil {
@@ -111,18 +114,4 @@ func runTyping(ctx context.Context, r *runner) error {
 	}
 	rep.Typing = tr
 	return nil
-}
-
-// uniqStrings drops repeats from xs (a group smaller than Size when
-// Devices < Size), keeping the first of each.
-func uniqStrings(xs []string) []string {
-	seen := make(map[string]bool, len(xs))
-	out := xs[:0]
-	for _, x := range xs {
-		if !seen[x] {
-			seen[x] = true
-			out = append(out, x)
-		}
-	}
-	return out
 }

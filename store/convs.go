@@ -129,7 +129,8 @@ func (s *Store) CreateConversations(ctx context.Context, cs []NewConversation, t
 // head after the change.
 func (s *Store) AddMembers(ctx context.Context, ch *MembershipChange, users []string) (head, members int64, added []string, err error) {
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if err := lockConversation(ctx, tx, ch); err != nil {
+		actor, err := lockActor(ctx, tx, ch)
+		if err != nil {
 			return err
 		}
 		if missing, err := missingUserTx(ctx, tx, users); err != nil {
@@ -148,7 +149,7 @@ func (s *Store) AddMembers(ctx context.Context, ch *MembershipChange, users []st
 			return err
 		}
 		if len(added) > 0 {
-			if err := checkAdd(ctx, tx, ch, added); err != nil {
+			if err := checkAdd(ctx, tx, ch, actor, added); err != nil {
 				return err
 			}
 			if err := allocate(ctx, tx, ch); err != nil {
@@ -183,8 +184,10 @@ func (s *Store) RemoveMember(ctx context.Context, ch *MembershipChange, user str
 		if err := lockConversation(ctx, tx, ch); err != nil {
 			return err
 		}
-		if err := requireMember(ctx, tx, ch.Conv, user); err != nil {
+		if _, ok, err := memberOf(ctx, tx, ch.Conv, user); err != nil {
 			return err
+		} else if !ok {
+			return ErrNotMember
 		}
 		if err := closePeriods(ctx, tx, ch, []string{user}); err != nil {
 			return err
@@ -193,9 +196,6 @@ func (s *Store) RemoveMember(ctx context.Context, ch *MembershipChange, user str
 	})
 	return head, members, err
 }
-
-// currentMemberSQL: is user $2 a current member of conversation $1?
-const currentMemberSQL = `SELECT EXISTS (SELECT 1 FROM membership_periods WHERE conv_id = $1 AND user_id = $2 AND to_seq IS NULL)`
 
 // changeLockKey is the key of conv's change lock, a transaction-level
 // PostgreSQL advisory lock: membership changes and recalls take it
@@ -213,30 +213,30 @@ func changeLockKey(conv string) int64 {
 // conversation exists (ErrNotFound) and that the actor, if any, is a
 // current member (ErrNotMember).
 func lockConversation(ctx context.Context, tx pgx.Tx, ch *MembershipChange) error {
+	_, err := lockActor(ctx, tx, ch)
+	return err
+}
+
+// lockActor is lockConversation, and returns the actor's membership (the
+// zero member for the admin API, actor ""), read once for the change's
+// own checks (role, mute).
+func lockActor(ctx context.Context, tx pgx.Tx, ch *MembershipChange) (member, error) {
 	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, changeLockKey(ch.Conv)); err != nil {
-		return err
+		return member{}, err
 	}
 	var one int
 	err := tx.QueryRow(ctx, `SELECT 1 FROM conversations WHERE conv_id = $1`, ch.Conv).Scan(&one)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return ErrNotFound
+		return member{}, ErrNotFound
 	}
 	if err != nil || ch.Actor == "" {
-		return err
+		return member{}, err
 	}
-	return requireMember(ctx, tx, ch.Conv, ch.Actor)
-}
-
-// requireMember is ErrNotMember unless user is a current member of conv.
-func requireMember(ctx context.Context, tx pgx.Tx, conv, user string) error {
-	var member bool
-	if err := tx.QueryRow(ctx, currentMemberSQL, conv, user).Scan(&member); err != nil {
-		return err
+	m, ok, err := memberOf(ctx, tx, ch.Conv, ch.Actor)
+	if err == nil && !ok {
+		err = ErrNotMember
 	}
-	if !member {
-		return ErrNotMember
-	}
-	return nil
+	return m, err
 }
 
 // allocate gives the change its seq, under the change lock and after the

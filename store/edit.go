@@ -34,26 +34,25 @@ type EditResult struct {
 func (s *Store) Edit(ctx context.Context, ch *MembershipChange, target int64, body []byte, windowMs int64) (EditResult, error) {
 	r := EditResult{Target: target}
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if err := lockConversation(ctx, tx, ch); err != nil {
+		actor, err := lockActor(ctx, tx, ch)
+		if err != nil {
 			if errors.Is(err, ErrNotFound) {
 				return ErrNotMember // no such conversation: nobody is a member
 			}
 			return err
 		}
+		if actor.mutedUntil > ch.Ts {
+			return MutedErr(actor.mutedUntil)
+		}
 		var key int64
 		if err := tx.QueryRow(ctx, `SELECT conv_key, member_count FROM conversations WHERE conv_id = $1`, ch.Conv).Scan(&key, &r.Members); err != nil {
 			return err
-		}
-		if m, _, err := memberOf(ctx, tx, ch.Conv, ch.Actor); err != nil {
-			return err
-		} else if m.mutedUntil > ch.Ts {
-			return MutedErr(m.mutedUntil)
 		}
 		var sender string
 		var ts int64
 		var recalledBy, editedBy *int64
 		var cur []byte
-		err := tx.QueryRow(ctx, `SELECT sender, ts, recalled_by, edited_by, coalesce(body, ''::bytea) FROM events
+		err = tx.QueryRow(ctx, `SELECT sender, ts, recalled_by, edited_by, coalesce(body, ''::bytea) FROM events
 			WHERE conv_key = $1 AND seq = $2 AND kind = 1 FOR UPDATE`,
 			key, target).Scan(&sender, &ts, &recalledBy, &editedBy, &cur)
 		switch {

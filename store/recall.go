@@ -34,7 +34,8 @@ type RecallResult struct {
 func (s *Store) Recall(ctx context.Context, ch *MembershipChange, target, windowMs int64) (RecallResult, error) {
 	r := RecallResult{Target: target}
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if err := lockConversation(ctx, tx, ch); err != nil {
+		actor, err := lockActor(ctx, tx, ch)
+		if err != nil {
 			if errors.Is(err, ErrNotFound) {
 				return ErrNotMember // no such conversation: nobody is a member
 			}
@@ -51,7 +52,7 @@ func (s *Store) Recall(ctx context.Context, ch *MembershipChange, target, window
 		var sender string
 		var ts int64
 		var recalledBy *int64
-		err := tx.QueryRow(ctx, `SELECT sender, ts, recalled_by FROM events WHERE conv_key = $1 AND seq = $2 AND kind = 1 FOR UPDATE`,
+		err = tx.QueryRow(ctx, `SELECT sender, ts, recalled_by FROM events WHERE conv_key = $1 AND seq = $2 AND kind = 1 FOR UPDATE`,
 			key, target).Scan(&sender, &ts, &recalledBy)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
@@ -62,11 +63,7 @@ func (s *Store) Recall(ctx context.Context, ch *MembershipChange, target, window
 		moderator := false
 		if sender != ch.Actor {
 			// Someone else's message: only a group's owner and admins.
-			m, _, err := memberOf(ctx, tx, ch.Conv, ch.Actor)
-			if err != nil {
-				return err
-			}
-			if kind != "group" || m.role < RoleAdmin {
+			if kind != "group" || actor.role < RoleAdmin {
 				return ErrNotSender
 			}
 			moderator = true

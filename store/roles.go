@@ -137,7 +137,8 @@ type group struct {
 // moderation checks. A direct conversation is forbidden: it has no roles.
 func lockGroup(ctx context.Context, tx pgx.Tx, ch *MembershipChange) (group, error) {
 	var g group
-	if err := lockConversation(ctx, tx, ch); err != nil {
+	actor, err := lockActor(ctx, tx, ch)
+	if err != nil {
 		return g, err
 	}
 	if err := tx.QueryRow(ctx, `SELECT conv_key, kind, invite, member_count FROM conversations WHERE conv_id = $1`, ch.Conv).
@@ -147,16 +148,9 @@ func lockGroup(ctx context.Context, tx pgx.Tx, ch *MembershipChange) (group, err
 	if g.kind != "group" {
 		return g, forbidden("a direct conversation has no roles")
 	}
-	g.actor = roleOperator
-	if ch.Actor != "" {
-		m, ok, err := memberOf(ctx, tx, ch.Conv, ch.Actor)
-		if err != nil {
-			return g, err
-		}
-		if !ok {
-			return g, ErrNotMember
-		}
-		g.actor = m.role
+	g.actor = actor.role
+	if ch.Actor == "" {
+		g.actor = roleOperator
 	}
 	return g, nil
 }
@@ -172,8 +166,9 @@ func memberOf(ctx context.Context, tx pgx.Tx, conv, user string) (member, bool, 
 	return m, err == nil, err
 }
 
-// appendUpdate allocates the change's seq and appends its update event.
-func appendUpdate(ctx context.Context, tx pgx.Tx, ch *MembershipChange, key int64, users []string, u Update) error {
+// appendUpdate allocates the change's seq, appends its update event (for
+// users, changing u) and records both in r.
+func appendUpdate(ctx context.Context, tx pgx.Tx, ch *MembershipChange, key int64, r *UpdateResult, users []string, u Update) error {
 	if err := allocate(ctx, tx, ch); err != nil {
 		return err
 	}
@@ -192,6 +187,7 @@ func appendUpdate(ctx context.Context, tx pgx.Tx, ch *MembershipChange, key int6
 	if tag.RowsAffected() == 0 {
 		return ErrSeqTaken
 	}
+	r.Seq, r.Users, r.Update = ch.Seq, users, u
 	return nil
 }
 
@@ -244,11 +240,9 @@ func (s *Store) SetRole(ctx context.Context, ch *MembershipChange, user string, 
 		if m.role == role {
 			return nil
 		}
-		r.Users, r.Update = []string{user}, Update{Role: role.String()}
-		if err := appendUpdate(ctx, tx, ch, g.key, r.Users, r.Update); err != nil {
+		if err := appendUpdate(ctx, tx, ch, g.key, r, []string{user}, Update{Role: role.String()}); err != nil {
 			return err
 		}
-		r.Seq = ch.Seq
 		if role == RoleOwner {
 			if _, err := tx.Exec(ctx, `UPDATE membership_periods SET role = $3 WHERE conv_id = $1 AND user_id <> $2 AND to_seq IS NULL AND role = $4`,
 				ch.Conv, user, RoleAdmin, RoleOwner); err != nil {
@@ -349,11 +343,9 @@ func (s *Store) MuteMember(ctx context.Context, ch *MembershipChange, user strin
 		if cur == mutedUntil {
 			return nil
 		}
-		r.Users, r.Update = []string{user}, Update{MutedUntil: &mutedUntil}
-		if err := appendUpdate(ctx, tx, ch, g.key, r.Users, r.Update); err != nil {
+		if err := appendUpdate(ctx, tx, ch, g.key, r, []string{user}, Update{MutedUntil: &mutedUntil}); err != nil {
 			return err
 		}
-		r.Seq = ch.Seq
 		if mutedUntil == 0 {
 			_, err = tx.Exec(ctx, `UPDATE membership_periods SET muted_until = NULL, unmuted_seq = $3 WHERE conv_id = $1 AND user_id = $2 AND to_seq IS NULL`,
 				ch.Conv, user, ch.Seq)
@@ -403,20 +395,17 @@ func (s *Store) Ban(ctx context.Context, ch *MembershipChange, user string) (Upd
 			return nil // banned already (and so not a member)
 		}
 		yes := true
-		r.Users, r.Update = []string{user}, Update{Banned: &yes}
-		if err := appendUpdate(ctx, tx, ch, g.key, r.Users, r.Update); err != nil {
+		if err := appendUpdate(ctx, tx, ch, g.key, r, []string{user}, Update{Banned: &yes}); err != nil {
 			return err
 		}
-		r.Seq = ch.Seq
 		if !isMember {
 			return nil
 		}
-		update := *ch
-		ch.Seq = 0
+		updateSeq := ch.Seq // closePeriods allocates the leave's
 		if err := closePeriods(ctx, tx, ch, r.Users); err != nil {
 			return err
 		}
-		r.LeaveSeq, ch.Seq = ch.Seq, update.Seq
+		r.LeaveSeq, ch.Seq = ch.Seq, updateSeq
 		return nil
 	})
 }
@@ -437,12 +426,7 @@ func (s *Store) Unban(ctx context.Context, ch *MembershipChange, user string) (U
 			return nil
 		}
 		no := false
-		r.Users, r.Update = []string{user}, Update{Banned: &no}
-		if err := appendUpdate(ctx, tx, ch, g.key, r.Users, r.Update); err != nil {
-			return err
-		}
-		r.Seq = ch.Seq
-		return nil
+		return appendUpdate(ctx, tx, ch, g.key, r, []string{user}, Update{Banned: &no})
 	})
 }
 
@@ -468,11 +452,9 @@ func (s *Store) UpdateConv(ctx context.Context, ch *MembershipChange, title *str
 		if u.Title == nil && u.Invite == "" {
 			return nil
 		}
-		r.Users, r.Update = []string{}, u
-		if err := appendUpdate(ctx, tx, ch, g.key, r.Users, u); err != nil {
+		if err := appendUpdate(ctx, tx, ch, g.key, r, nil, u); err != nil {
 			return err
 		}
-		r.Seq = ch.Seq
 		newTitle, newInvite := cur, g.invite
 		if u.Title != nil {
 			newTitle = *u.Title
@@ -490,8 +472,9 @@ func (s *Store) UpdateConv(ctx context.Context, ch *MembershipChange, title *str
 
 // checkAdd refuses, for AddMembers, a plain member's add when the group's
 // invite policy is InviteAdmins, and any add of a banned user (the admin
-// API, actor "", is subject to neither). users are those being added.
-func checkAdd(ctx context.Context, tx pgx.Tx, ch *MembershipChange, users []string) error {
+// API, actor "", is subject to neither). actor is the actor's membership
+// (lockActor), users those being added.
+func checkAdd(ctx context.Context, tx pgx.Tx, ch *MembershipChange, actor member, users []string) error {
 	if ch.Actor == "" {
 		return nil
 	}
@@ -503,14 +486,8 @@ func checkAdd(ctx context.Context, tx pgx.Tx, ch *MembershipChange, users []stri
 	if kind != "group" {
 		return nil
 	}
-	if invite == 1 {
-		m, _, err := memberOf(ctx, tx, ch.Conv, ch.Actor)
-		if err != nil {
-			return err
-		}
-		if m.role < RoleAdmin {
-			return forbidden("only the owner and admins may add members to this group")
-		}
+	if invite == 1 && actor.role < RoleAdmin {
+		return forbidden("only the owner and admins may add members to this group")
 	}
 	var banned string
 	err := tx.QueryRow(ctx, `SELECT user_id FROM conv_bans WHERE conv_id = $1 AND user_id = ANY($2) ORDER BY user_id LIMIT 1`, ch.Conv, users).Scan(&banned)

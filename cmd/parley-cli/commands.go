@@ -161,9 +161,67 @@ func (s *session) convFirst(args []string, minRest int) (conv string, restAt int
 	case cur != "" && len(args) >= minRest:
 		return cur, 0, nil
 	case cur == "" && len(args) == minRest:
-		return "", 0, &usageError{note: "no current conversation: give CONV, or open one"}
+		return "", 0, errNoCurrent()
 	}
 	return "", 0, needUsage()
+}
+
+// errNoCurrent: a command that defaults to the current conversation has
+// none to default to.
+func errNoCurrent() error {
+	return &usageError{note: "no current conversation: give CONV, or open one"}
+}
+
+// convOrCurrent reads "[CONV]": the conversation named, or the current one.
+func (s *session) convOrCurrent(args []string) (string, error) {
+	conv := s.getCurrent()
+	switch len(args) {
+	case 0:
+	case 1:
+		conv = args[0]
+	default:
+		return "", needUsage()
+	}
+	if conv == "" {
+		return "", errNoCurrent()
+	}
+	return conv, nil
+}
+
+// convAndPosition reads read's and clear's "[CONV] [SEQ]" (a lone number
+// is SEQ when there is a current conversation it does not name); SEQ
+// defaults to the conversation's head.
+func (s *session) convAndPosition(ctx context.Context, args []string) (string, int64, error) {
+	cur := s.getCurrent()
+	var conv, seqArg string
+	switch {
+	case len(args) == 0:
+		conv = cur
+	case len(args) == 1 && cur != "" && !s.isKnown(args[0]) && isNumber(args[0]):
+		conv, seqArg = cur, args[0]
+	case len(args) == 1:
+		conv = args[0]
+	case len(args) == 2:
+		conv, seqArg = args[0], args[1]
+	default:
+		return "", 0, needUsage()
+	}
+	if conv == "" {
+		return "", 0, errNoCurrent()
+	}
+	if seqArg != "" {
+		seq, err := parseSeq(seqArg)
+		return conv, seq, err
+	}
+	conn, err := s.conn(ctx)
+	if err != nil {
+		return "", 0, err
+	}
+	p, err := conn.Sync(ctx, conv, 0, 1) // for its head
+	if err != nil {
+		return "", 0, err
+	}
+	return conv, p.Head, nil
 }
 
 func parseSeq(s string) (int64, error) {
@@ -366,40 +424,9 @@ func (r *readResult) text(*session) string {
 }
 
 func cmdRead(ctx context.Context, s *session, cl *cmdLine) (result, error) {
-	args := cl.args()
-	cur := s.getCurrent()
-	var conv, seqArg string
-	switch {
-	case len(args) == 0:
-		conv = cur
-	case len(args) == 1 && cur != "" && !s.isKnown(args[0]) && isNumber(args[0]):
-		conv, seqArg = cur, args[0]
-	case len(args) == 1:
-		conv = args[0]
-	case len(args) == 2:
-		conv, seqArg = args[0], args[1]
-	default:
-		return nil, needUsage()
-	}
-	if conv == "" {
-		return nil, &usageError{note: "no current conversation: give CONV, or open one"}
-	}
-	var seq int64
-	if seqArg != "" {
-		var err error
-		if seq, err = parseSeq(seqArg); err != nil {
-			return nil, err
-		}
-	} else {
-		conn, err := s.conn(ctx)
-		if err != nil {
-			return nil, err
-		}
-		p, err := conn.Sync(ctx, conv, 0, 1) // for its head
-		if err != nil {
-			return nil, err
-		}
-		seq = p.Head
+	conv, seq, err := s.convAndPosition(ctx, cl.args())
+	if err != nil {
+		return nil, err
 	}
 	r, err := s.c.Read(ctx, conv, seq)
 	if err != nil {
@@ -573,40 +600,9 @@ func (r *clearResult) text(*session) string {
 }
 
 func cmdClear(ctx context.Context, s *session, cl *cmdLine) (result, error) {
-	args := cl.args()
-	cur := s.getCurrent()
-	var conv, seqArg string
-	switch {
-	case len(args) == 0:
-		conv = cur
-	case len(args) == 1 && cur != "" && !s.isKnown(args[0]) && isNumber(args[0]):
-		conv, seqArg = cur, args[0]
-	case len(args) == 1:
-		conv = args[0]
-	case len(args) == 2:
-		conv, seqArg = args[0], args[1]
-	default:
-		return nil, needUsage()
-	}
-	if conv == "" {
-		return nil, &usageError{note: "no current conversation: give CONV, or open one"}
-	}
-	var seq int64
-	if seqArg != "" {
-		var err error
-		if seq, err = parseSeq(seqArg); err != nil {
-			return nil, err
-		}
-	} else {
-		conn, err := s.conn(ctx)
-		if err != nil {
-			return nil, err
-		}
-		p, err := conn.Sync(ctx, conv, 0, 1) // for its head
-		if err != nil {
-			return nil, err
-		}
-		seq = p.Head
+	conv, seq, err := s.convAndPosition(ctx, cl.args())
+	if err != nil {
+		return nil, err
 	}
 	r, err := s.c.Clear(ctx, conv, seq)
 	if err != nil {
@@ -635,17 +631,9 @@ func (r *receiptsResult) text(*session) string {
 }
 
 func cmdReceipts(ctx context.Context, s *session, cl *cmdLine) (result, error) {
-	args := cl.args()
-	conv := s.getCurrent()
-	switch len(args) {
-	case 0:
-	case 1:
-		conv = args[0]
-	default:
-		return nil, needUsage()
-	}
-	if conv == "" {
-		return nil, &usageError{note: "no current conversation: give CONV, or open one"}
+	conv, err := s.convOrCurrent(cl.args())
+	if err != nil {
+		return nil, err
 	}
 	r, err := s.c.Receipts(ctx, conv)
 	if err != nil {
@@ -688,17 +676,9 @@ type typingResult struct {
 func (r *typingResult) text(*session) string { return r.Conv + ": typing sent" }
 
 func cmdTyping(ctx context.Context, s *session, cl *cmdLine) (result, error) {
-	args := cl.args()
-	conv := s.getCurrent()
-	switch len(args) {
-	case 0:
-	case 1:
-		conv = args[0]
-	default:
-		return nil, needUsage()
-	}
-	if conv == "" {
-		return nil, &usageError{note: "no current conversation: give CONV, or open one"}
+	conv, err := s.convOrCurrent(cl.args())
+	if err != nil {
+		return nil, err
 	}
 	if err := s.c.Typing(ctx, conv); err != nil {
 		return nil, err
