@@ -901,7 +901,9 @@ func TestSlowConsumer(t *testing.T) {
 	silentSince := time.Now() // slowB's last frame was its auth
 
 	// slowA keeps writing (pings) without reading, so idle_timeout does
-	// not apply to it; slowB goes silent.
+	// not apply to it; slowB goes silent. The fast device pings too: it
+	// only reads otherwise, and on a slow host the sends outlast
+	// idle_timeout (2 s here), which closed it mid-test.
 	stopPing := make(chan struct{})
 	var pingWG sync.WaitGroup
 	pingWG.Add(1)
@@ -913,6 +915,7 @@ func TestSlowConsumer(t *testing.T) {
 				return
 			case <-time.After(500 * time.Millisecond):
 			}
+			_ = cf.Write(wire.Request{T: wire.TPing})
 			b, _ := wire.AppendFrame(nil, wire.Request{T: wire.TPing, Rid: fmt.Sprint("keep", i)})
 			_ = ncA.SetWriteDeadline(time.Now().Add(time.Second))
 			if _, err := ncA.Write(b); err != nil {
@@ -925,11 +928,9 @@ func TestSlowConsumer(t *testing.T) {
 	runtime.GC()
 	runtime.ReadMemStats(&before)
 
-	// 2 concurrent senders, 400 messages of 16 KiB: 6.4 MB for each slow
-	// device, six times max_outbound. (With 8, a host short of CPU let
-	// the test's own client fall seconds behind the pushes it was sent,
-	// and that was counted as the fast device's lag.)
-	const n, workers = 400, 2
+	// 8 concurrent senders, 400 messages of 16 KiB: 6.4 MB for each slow
+	// device, six times max_outbound.
+	const n, workers = 400, 8
 	body := make([]byte, env.Cfg.MaxBody)
 	var next atomic.Int64
 	var wg sync.WaitGroup
