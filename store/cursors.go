@@ -222,32 +222,16 @@ func (s *Store) diagnoseCursor(ctx context.Context, u CursorUpdate) (why, err er
 
 // queryCursors runs a merge statement and calls row for each row it returns.
 func (s *Store) queryCursors(ctx context.Context, sql string, args []any, row func(device, conv string, epoch, delivered int64)) error {
-	b := &pgx.Batch{}
-	b.Queue(lockExclusiveSQL, lockKeys(deviceLockNS, args[0].([]string)))
-	b.Queue(sql, args...)
-	br := s.pool.SendBatch(ctx, b)
-	defer br.Close()
-	if _, err := br.Exec(); err != nil {
-		return err
-	}
-	rows, err := br.Query()
-	if err != nil {
-		return err
-	}
-	for rows.Next() {
-		var device, conv string
-		var epoch, delivered int64
-		if err := rows.Scan(&device, &conv, &epoch, &delivered); err != nil {
-			rows.Close()
-			return err
-		}
-		row(device, conv, epoch, delivered)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return err
-	}
-	// The transaction commits at the end of the batch: only then are the
-	// merged cursors durable.
-	return br.Close()
+	// The merged cursors are durable once lockedRows returns nil (the
+	// transaction commits at the end of the batch).
+	return s.lockedRows(ctx, lockExclusiveSQL, lockKeys(deviceLockNS, args[0].([]string)), sql, args,
+		func(rows pgx.Rows) error {
+			var device, conv string
+			var epoch, delivered int64
+			if err := rows.Scan(&device, &conv, &epoch, &delivered); err != nil {
+				return err
+			}
+			row(device, conv, epoch, delivered)
+			return nil
+		})
 }

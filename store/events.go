@@ -183,42 +183,27 @@ func (s *Store) insertMessages(ctx context.Context, msgs []NewMessage, recipient
 	if tolerant {
 		query = insertMessagesTolerantSQL
 	}
-	b := &pgx.Batch{}
-	b.Queue(lockSharedSQL, lockKeys("", convs))
-	b.Queue(query, convs, seqs, senders, cmids, bodies, tss, recipientsBelow, mentions)
-	br := s.pool.SendBatch(ctx, b)
-	defer br.Close()
-	if _, err := br.Exec(); err != nil {
-		return nil, err
-	}
-	rows, err := br.Query()
-	if err != nil {
-		return nil, err
-	}
 	type insertedRow struct {
 		members    int64
 		recipients []string
 		mentions   []string
 	}
 	inserted := make(map[ConvSeq]insertedRow, n)
-	for rows.Next() {
-		var k ConvSeq
-		var r insertedRow
-		if err := rows.Scan(&k.Conv, &k.Seq, &r.mentions, &r.members, &r.recipients); err != nil {
-			rows.Close()
-			return nil, err
-		}
-		if r.recipients == nil && r.members < int64(recipientsBelow) {
-			r.recipients = []string{} // computed, and nobody (cannot happen: the sender is a member)
-		}
-		inserted[k] = r
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	// The transaction commits at the end of the batch: only then are the
-	// rows durable.
-	if err := br.Close(); err != nil {
+	err := s.lockedRows(ctx, lockSharedSQL, lockKeys("", convs),
+		query, []any{convs, seqs, senders, cmids, bodies, tss, recipientsBelow, mentions},
+		func(rows pgx.Rows) error {
+			var k ConvSeq
+			var r insertedRow
+			if err := rows.Scan(&k.Conv, &k.Seq, &r.mentions, &r.members, &r.recipients); err != nil {
+				return err
+			}
+			if r.recipients == nil && r.members < int64(recipientsBelow) {
+				r.recipients = []string{} // computed, and nobody (cannot happen: the sender is a member)
+			}
+			inserted[k] = r
+			return nil
+		})
+	if err != nil {
 		return nil, err
 	}
 	var missing []int
@@ -276,6 +261,40 @@ func lockKeys(ns string, ids []string) []int64 {
 	}
 	slices.Sort(keys)
 	return slices.Compact(keys)
+}
+
+// lockedRows runs, in one transaction sent in one round trip, lockSQL
+// with keys (the advisory locks, held to the end of the transaction) and
+// then sql with args, and calls scan for each row sql returns (scan reads
+// the current row; an error it returns ends the call). The transaction is
+// implicit: it commits at the end of the batch, when the batch is closed,
+// so what sql wrote is durable only once lockedRows returns nil.
+func (s *Store) lockedRows(ctx context.Context, lockSQL string, keys []int64, sql string, args []any, scan func(pgx.Rows) error) error {
+	b := &pgx.Batch{}
+	b.Queue(lockSQL, keys)
+	b.Queue(sql, args...)
+	br := s.pool.SendBatch(ctx, b)
+	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return err
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return err
+	}
+	for rows.Next() {
+		if err := scan(rows); err != nil {
+			rows.Close()
+			return err
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	// The transaction commits at the end of the batch: only then are the
+	// rows durable.
+	return br.Close()
 }
 
 // resolveMissing explains rows that InsertMessages did not insert.

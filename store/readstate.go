@@ -114,40 +114,25 @@ func (s *Store) MarkReads(ctx context.Context, ups []ReadUpdate) ([]ReadResult, 
 }
 
 func (s *Store) markReads(ctx context.Context, users, convs []string, seqs []int64, out []ReadResult) error {
-	b := &pgx.Batch{}
-	b.Queue(lockExclusiveSQL, lockKeys(readLockNS, users))
-	b.Queue(markReadsSQL, users, convs, seqs, int64(math.MaxInt64))
-	br := s.pool.SendBatch(ctx, b)
-	defer br.Close()
-	if _, err := br.Exec(); err != nil {
-		return err
-	}
-	rows, err := br.Query()
-	if err != nil {
-		return err
-	}
-	for rows.Next() {
-		var idx, n, head, unread int64
-		var read, prev *int64
-		if err := rows.Scan(&idx, &n, &head, &read, &prev, &unread); err != nil {
-			rows.Close()
-			return err
-		}
-		r := &out[idx-1]
-		switch {
-		case n == 0:
-			*r = ReadResult{Err: ErrNotMember}
-		case read == nil:
-			*r = ReadResult{Err: ErrCursorAhead}
-		default:
-			*r = ReadResult{Read: *read, Unread: unread, Advanced: *read > 0 && (prev == nil || *read > *prev)}
-		}
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return err
-	}
-	// The transaction commits at the end of the batch: only then are the
-	// merged positions durable.
-	return br.Close()
+	// The merged positions are durable once lockedRows returns nil (the
+	// transaction commits at the end of the batch).
+	return s.lockedRows(ctx, lockExclusiveSQL, lockKeys(readLockNS, users),
+		markReadsSQL, []any{users, convs, seqs, int64(math.MaxInt64)},
+		func(rows pgx.Rows) error {
+			var idx, n, head, unread int64
+			var read, prev *int64
+			if err := rows.Scan(&idx, &n, &head, &read, &prev, &unread); err != nil {
+				return err
+			}
+			r := &out[idx-1]
+			switch {
+			case n == 0:
+				*r = ReadResult{Err: ErrNotMember}
+			case read == nil:
+				*r = ReadResult{Err: ErrCursorAhead}
+			default:
+				*r = ReadResult{Read: *read, Unread: unread, Advanced: *read > 0 && (prev == nil || *read > *prev)}
+			}
+			return nil
+		})
 }
