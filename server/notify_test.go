@@ -134,13 +134,25 @@ func registeredOffline(t *testing.T, env *parleytest.Env, dev parleytest.Device)
 	c.Close()
 }
 
-// quiet checks that device received nothing within d.
-func (s *sink) quiet(t *testing.T, device string, d time.Duration) {
+// exactly checks that device received exactly n notifications once d
+// passed (a nothing-more-happens check: none arrives in the meantime).
+func (s *sink) exactly(t *testing.T, device string, n int, d time.Duration) {
 	t.Helper()
-	time.Sleep(d) // a nothing-happens check
-	if got := s.of(device); len(got) != 0 {
-		t.Fatalf("%s was notified: %+v", device, got)
+	time.Sleep(d) // a nothing-more-happens check
+	if got := s.of(device); len(got) != n {
+		t.Fatalf("%s received %d notifications, want %d: %+v", device, len(got), n, got)
 	}
+}
+
+// startNotify starts a server notifying s after delay, with users ana
+// (one device) and ben (benDevices devices), both members of group g.
+func startNotify(t *testing.T, s *sink, delay time.Duration, benDevices int) (env *parleytest.Env, ana, ben []parleytest.Device) {
+	t.Helper()
+	env = parleytest.Start(t, notifyConfig(t, s, delay))
+	ana = env.User(t, "ana", 1)
+	ben = env.User(t, "ben", benDevices)
+	env.Group(t, "g", "ana", "ben")
+	return env, ana, ben
 }
 
 // TestNotifyOfflineDevice: a registered device that is not connected is
@@ -149,21 +161,13 @@ func (s *sink) quiet(t *testing.T, device string, d time.Duration) {
 // key (device, conv, seq).
 func TestNotifyOfflineDevice(t *testing.T) {
 	s := newSink(t)
-	env := parleytest.Start(t, notifyConfig(t, s, 300*time.Millisecond))
-	ana := env.User(t, "ana", 1)
-	ben := env.User(t, "ben", 1)
-	env.Group(t, "g", "ana", "ben")
+	env, ana, ben := startNotify(t, s, 300*time.Millisecond, 1)
 	env.Group(t, "h", "ana", "ben")
 	registeredOffline(t, env, ben[0])
 	ca, _ := dial(t, env, ana[0])
-	if _, err := ca.Send(ctx(t), "h", "h1", []byte("older")); err != nil {
-		t.Fatal(err)
-	}
+	mustSend(t, ca, "h", "h1", []byte("older"))
 	start := time.Now()
-	m, err := ca.Send(ctx(t), "g", "c1", []byte("hello"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := mustSend(t, ca, "g", "c1", []byte("hello"))
 	got := s.waitFor(t, ben[0].ID, 2)
 	if time.Since(start) < 300*time.Millisecond {
 		t.Fatalf("notified %v after the send, before notify_delay", time.Since(start))
@@ -196,19 +200,13 @@ func TestNotifyOfflineDevice(t *testing.T) {
 // acking (a backgrounded app), is notified.
 func TestNotifyAckedInTimeNotNotified(t *testing.T) {
 	s := newSink(t)
-	env := parleytest.Start(t, notifyConfig(t, s, 500*time.Millisecond))
-	ana := env.User(t, "ana", 1)
-	ben := env.User(t, "ben", 2)
-	env.Group(t, "g", "ana", "ben")
+	env, ana, ben := startNotify(t, s, 500*time.Millisecond, 2)
 	b1, f1 := dial(t, env, ben[0])
 	register(t, b1, "webhook", "tok1")
 	b2, _ := dial(t, env, ben[1])
 	register(t, b2, "webhook", "tok2")
 	ca, _ := dial(t, env, ana[0])
-	m, err := ca.Send(ctx(t), "g", "c1", []byte("hello"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := mustSend(t, ca, "g", "c1", []byte("hello"))
 	waitPush(t, f1, "g", m.Seq)
 	if _, err := b1.Ack(ctx(t), "g", m.Seq); err != nil {
 		t.Fatal(err)
@@ -217,7 +215,7 @@ func TestNotifyAckedInTimeNotNotified(t *testing.T) {
 	if got[0].Seq != m.Seq {
 		t.Fatalf("backgrounded device got %+v", got)
 	}
-	s.quiet(t, ben[0].ID, 300*time.Millisecond)
+	s.exactly(t, ben[0].ID, 0, 300*time.Millisecond)
 }
 
 // TestNotifyMutedUnlessMentioned: a muted conversation notifies only
@@ -225,11 +223,8 @@ func TestNotifyAckedInTimeNotNotified(t *testing.T) {
 // users who are not members are dropped from them.
 func TestNotifyMutedUnlessMentioned(t *testing.T) {
 	s := newSink(t)
-	env := parleytest.Start(t, notifyConfig(t, s, 200*time.Millisecond))
-	ana := env.User(t, "ana", 1)
-	ben := env.User(t, "ben", 1)
+	env, ana, ben := startNotify(t, s, 200*time.Millisecond, 1)
 	env.User(t, "out", 0)
-	env.Group(t, "g", "ana", "ben")
 	cb, _ := dial(t, env, ben[0])
 	register(t, cb, "webhook", "tok")
 	until := time.Now().Add(time.Hour).UnixMilli()
@@ -243,9 +238,7 @@ func TestNotifyMutedUnlessMentioned(t *testing.T) {
 	}
 	cb.Close()
 	ca, _ := dial(t, env, ana[0])
-	if _, err := ca.Send(ctx(t), "g", "plain", []byte("not for you")); err != nil {
-		t.Fatal(err)
-	}
+	mustSend(t, ca, "g", "plain", []byte("not for you"))
 	m, err := ca.Do(ctx(t), wire.Request{T: wire.TSend, Conv: "g", Cmid: "ping", Body: []byte("@ben"), Mentions: []string{"ben", "out"}})
 	if err != nil {
 		t.Fatal(err)
@@ -258,10 +251,7 @@ func TestNotifyMutedUnlessMentioned(t *testing.T) {
 	if err != nil || len(page.Events) != 1 || strings.Join(page.Events[0].Mentions, ",") != "ben" {
 		t.Fatalf("stored mentions: %+v %v", page.Events, err)
 	}
-	time.Sleep(300 * time.Millisecond) // a nothing-more-happens check
-	if n := len(s.of(ben[0].ID)); n != 1 {
-		t.Fatalf("%d notifications, want 1", n)
-	}
+	s.exactly(t, ben[0].ID, 1, 300*time.Millisecond)
 }
 
 // TestNotifyPullTierOnlyMentions: in the pull tier only mentioned users'
@@ -285,9 +275,7 @@ func TestNotifyPullTierOnlyMentions(t *testing.T) {
 		registeredOffline(t, env, d)
 	}
 	ca, _ := dial(t, env, ana[0])
-	if _, err := ca.Send(ctx(t), "big", "plain", []byte("x")); err != nil {
-		t.Fatal(err)
-	}
+	mustSend(t, ca, "big", "plain", []byte("x"))
 	if _, err := ca.Do(ctx(t), wire.Request{T: wire.TSend, Conv: "big", Cmid: "all", Body: []byte("@all"), MentionAll: true}); err != nil {
 		t.Fatal(err)
 	}
@@ -299,8 +287,8 @@ func TestNotifyPullTierOnlyMentions(t *testing.T) {
 	if got[0].Seq != m.Seq {
 		t.Fatalf("cat got %+v, want seq %d", got, m.Seq)
 	}
-	s.quiet(t, devs[0].ID, 300*time.Millisecond)
-	s.quiet(t, devs[2].ID, 0)
+	s.exactly(t, devs[0].ID, 0, 300*time.Millisecond)
+	s.exactly(t, devs[2].ID, 0, 0)
 }
 
 // TestNotifyCollapse: messages of one conversation arriving together make
@@ -309,10 +297,7 @@ func TestNotifyPullTierOnlyMentions(t *testing.T) {
 func TestNotifyCollapse(t *testing.T) {
 	s := newSink(t)
 	const delay = 300 * time.Millisecond
-	env := parleytest.Start(t, notifyConfig(t, s, delay))
-	ana := env.User(t, "ana", 1)
-	ben := env.User(t, "ben", 1)
-	env.Group(t, "g", "ana", "ben")
+	env, ana, ben := startNotify(t, s, delay, 1)
 	registeredOffline(t, env, ben[0])
 	ca, _ := dial(t, env, ana[0])
 	// A burst: three sends in one write.
@@ -337,10 +322,7 @@ func TestNotifyCollapse(t *testing.T) {
 		t.Fatalf("collapsed notification %+v, want seq %d count 3", got, head)
 	}
 	first := s.when(0)
-	m, err := ca.Send(ctx(t), "g", "c3", []byte("x"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := mustSend(t, ca, "g", "c3", []byte("x"))
 	got = s.waitFor(t, ben[0].ID, 2)
 	if got[1].Seq != m.Seq || got[1].Count != 1 || got[1].Badge != 4 {
 		t.Fatalf("next notification %+v, want seq %d count 1 badge 4", got[1], m.Seq)
@@ -355,20 +337,11 @@ func TestNotifyCollapse(t *testing.T) {
 // sends the new badge to the user's other, unconnected, notified device.
 func TestNotifyRecallAndBadge(t *testing.T) {
 	s := newSink(t)
-	env := parleytest.Start(t, notifyConfig(t, s, 300*time.Millisecond))
-	ana := env.User(t, "ana", 1)
-	ben := env.User(t, "ben", 2)
-	env.Group(t, "g", "ana", "ben")
+	env, ana, ben := startNotify(t, s, 300*time.Millisecond, 2)
 	registeredOffline(t, env, ben[0])
 	ca, _ := dial(t, env, ana[0])
-	m1, err := ca.Send(ctx(t), "g", "c1", []byte("oops"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	m2, err := ca.Send(ctx(t), "g", "c2", []byte("fine"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	m1 := mustSend(t, ca, "g", "c1", []byte("oops"))
+	m2 := mustSend(t, ca, "g", "c2", []byte("fine"))
 	got := s.waitFor(t, ben[0].ID, 1)
 	if got[0].Seq != m2.Seq || got[0].Badge != 2 {
 		t.Fatalf("first notification %+v", got[0])
@@ -406,10 +379,7 @@ func TestNotifyTokenErrorRemovesRegistration(t *testing.T) {
 		}
 		return false
 	}
-	env := parleytest.Start(t, notifyConfig(t, s, 200*time.Millisecond))
-	ana := env.User(t, "ana", 1)
-	ben := env.User(t, "ben", 1)
-	env.Group(t, "g", "ana", "ben")
+	env, ana, ben := startNotify(t, s, 200*time.Millisecond, 1)
 	cb, _ := dial(t, env, ben[0])
 	register(t, cb, "webhook", "gone")
 	cb.Close()
@@ -423,9 +393,7 @@ func TestNotifyTokenErrorRemovesRegistration(t *testing.T) {
 		t.Fatalf("device before: %d %+v", st, dev.Notify)
 	}
 	ca, _ := dial(t, env, ana[0])
-	if _, err := ca.Send(ctx(t), "g", "c1", []byte("x")); err != nil {
-		t.Fatal(err)
-	}
+	mustSend(t, ca, "g", "c1", []byte("x"))
 	testenv.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
 		dev.Notify = nil
 		env.Admin(t, "GET", "/v1/devices/"+ben[0].ID, nil, &dev)
@@ -454,16 +422,10 @@ func TestNotifyRetryAfter(t *testing.T) {
 		secondAt = time.Now()
 		return false
 	}
-	env := parleytest.Start(t, notifyConfig(t, s, 200*time.Millisecond))
-	ana := env.User(t, "ana", 1)
-	ben := env.User(t, "ben", 1)
-	env.Group(t, "g", "ana", "ben")
+	env, ana, ben := startNotify(t, s, 200*time.Millisecond, 1)
 	registeredOffline(t, env, ben[0])
 	ca, _ := dial(t, env, ana[0])
-	m, err := ca.Send(ctx(t), "g", "c1", []byte("x"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := mustSend(t, ca, "g", "c1", []byte("x"))
 	got := s.waitFor(t, ben[0].ID, 1)
 	if got[0].Seq != m.Seq {
 		t.Fatalf("got %+v", got)
@@ -496,11 +458,9 @@ func TestNotifyLeftUserNotNotified(t *testing.T) {
 	}
 	cc.Close()
 	ca, _ := dial(t, env, ana[0])
-	if _, err := ca.Send(ctx(t), "g", "c1", []byte("x")); err != nil {
-		t.Fatal(err)
-	}
+	mustSend(t, ca, "g", "c1", []byte("x"))
 	s.waitFor(t, ben[0].ID, 1)
-	s.quiet(t, cat[0].ID, 300*time.Millisecond)
+	s.exactly(t, cat[0].ID, 0, 300*time.Millisecond)
 }
 
 // TestNotifyBadInput: every refused request is answered with its code and
@@ -580,10 +540,7 @@ func TestNotifySurvivesKill(t *testing.T) {
 	env.Group(t, "g", "ana", "ben")
 	registeredOffline(t, env, ben[0])
 	ca, _ := dial(t, env, ana[0])
-	m, err := ca.Send(ctx(t), "g", "c1", []byte("x"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := mustSend(t, ca, "g", "c1", []byte("x"))
 	time.Sleep(200 * time.Millisecond) // confirmed and queued; notify_delay not over
 	p.Kill()
 	if got := s.received(); len(got) != 0 {
@@ -595,10 +552,7 @@ func TestNotifySurvivesKill(t *testing.T) {
 	if got[0].Seq != m.Seq {
 		t.Fatalf("got %+v, want seq %d", got, m.Seq)
 	}
-	time.Sleep(2500 * time.Millisecond) // more than a lease: nothing more may come
-	if n := len(s.of(ben[0].ID)); n != 1 {
-		t.Fatalf("%d notifications, want 1", n)
-	}
+	s.exactly(t, ben[0].ID, 1, 2500*time.Millisecond) // more than a lease: nothing more may come
 }
 
 // TestNotifyReinstallDeletesRegistration: reinstalling a device deletes

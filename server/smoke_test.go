@@ -35,6 +35,17 @@ func ctx(t *testing.T) context.Context {
 	return c
 }
 
+// mustSend has c send body to conv as cmid and returns the send_ok; a
+// refused send fails the test.
+func mustSend(t *testing.T, c *client.Conn, conv, cmid string, body []byte) wire.Message {
+	t.Helper()
+	m, err := c.Send(ctx(t), conv, cmid, body)
+	if err != nil {
+		t.Fatalf("send %s/%s: %v", conv, cmid, err)
+	}
+	return m
+}
+
 func waitPush(t *testing.T, frames chan wire.Message, conv string, seq int64) wire.Message {
 	t.Helper()
 	deadline := time.After(5 * time.Second)
