@@ -325,6 +325,56 @@ func (h *urHistory) wantCode(what string, err error, code wire.Code) {
 	h.stats[string(code)]++
 }
 
+// otherMember: one time in five, a current member of c other than m's
+// sender, to try what only the sender may do (nil otherwise).
+func (h *urHistory) otherMember(c *urConv, m *urMsg) *urUser {
+	others := c.currentMembers()
+	if h.rng.Intn(5) != 0 || len(others) == 0 {
+		return nil
+	}
+	if a := h.user(others[h.rng.Intn(len(others))]); a.id != m.sender {
+		return a
+	}
+	return nil
+}
+
+// positionSeq picks the seq of a read or clear by a user whose last
+// membership period ends at lastTo: 10 in 100 above head; below pastLeave
+// in 100, if the period ended below head, beyond its end (a former member
+// reads beyond the leave point); below atHead in 100, head itself; else
+// any seq up to head.
+func (h *urHistory) positionSeq(head, lastTo int64, pastLeave, atHead int) int64 {
+	switch p := h.rng.Intn(100); {
+	case p < 10:
+		return head + 1 + h.rng.Int63n(3)
+	case p < pastLeave && lastTo < head:
+		return lastTo + 1 + h.rng.Int63n(head-lastTo)
+	case p < atHead:
+		return head
+	default:
+		return h.rng.Int63n(head + 1)
+	}
+}
+
+// positionRefused checks the reply to op (read, clear or ack) of seq by u
+// in c, whose head is head: refused NOT_MEMBER if u was never a member,
+// CURSOR_AHEAD above head, else accepted. It reports whether op was
+// refused (the model does not change).
+func (h *urHistory) positionRefused(op string, c *urConv, u *urUser, seq, head int64, err error) bool {
+	h.t.Helper()
+	switch {
+	case !c.ever(u.id):
+		h.wantCode(op+" by a never-member", err, wire.NotMember)
+		return true
+	case seq > head:
+		h.wantCode(op+" above head", err, wire.CursorAhead)
+		return true
+	case err != nil:
+		h.fail("%s: %v", op, err)
+	}
+	return false
+}
+
 func (h *urHistory) run(n int) {
 	for i := 0; i < n; i++ {
 		h.ops++
@@ -463,17 +513,13 @@ func (h *urHistory) recall(c *urConv) {
 	}
 	m := c.msgs[h.rng.Intn(len(c.msgs))]
 	sender := h.user(m.sender)
-	others := c.currentMembers()
-	if h.rng.Intn(5) == 0 && len(others) > 0 {
+	if a := h.otherMember(c, m); a != nil {
 		// Someone else tries: NOT_SENDER (or NOT_MEMBER: not a member).
-		a := h.user(others[h.rng.Intn(len(others))])
-		if a.id != m.sender {
-			conn, _ := h.pick(a)
-			_, err := conn.Recall(h.ctx(), c.id, m.seq)
-			h.logf("recall %s/%d by %s (not the sender): %v", c.id, m.seq, a.id, err)
-			h.wantCode("recall by another user", err, wire.NotSender)
-			return
-		}
+		conn, _ := h.pick(a)
+		_, err := conn.Recall(h.ctx(), c.id, m.seq)
+		h.logf("recall %s/%d by %s (not the sender): %v", c.id, m.seq, a.id, err)
+		h.wantCode("recall by another user", err, wire.NotSender)
+		return
 	}
 	conn, _ := h.pick(sender)
 	r, err := conn.Recall(h.ctx(), c.id, m.seq)
@@ -505,19 +551,16 @@ func (h *urHistory) edit(c *urConv) {
 	}
 	m := c.msgs[h.rng.Intn(len(c.msgs))]
 	sender := h.user(m.sender)
-	if others := c.currentMembers(); h.rng.Intn(5) == 0 && len(others) > 0 {
-		a := h.user(others[h.rng.Intn(len(others))])
-		if a.id != m.sender {
-			conn, _ := h.pick(a)
-			_, err := conn.Edit(h.ctx(), c.id, m.seq, []byte("not mine"))
-			h.logf("edit %s/%d by %s (not the sender): %v", c.id, m.seq, a.id, err)
-			code := wire.NotSender
-			if m.recalled {
-				code = wire.NotFound
-			}
-			h.wantCode("edit by another user", err, code)
-			return
+	if a := h.otherMember(c, m); a != nil {
+		conn, _ := h.pick(a)
+		_, err := conn.Edit(h.ctx(), c.id, m.seq, []byte("not mine"))
+		h.logf("edit %s/%d by %s (not the sender): %v", c.id, m.seq, a.id, err)
+		code := wire.NotSender
+		if m.recalled {
+			code = wire.NotFound
 		}
+		h.wantCode("edit by another user", err, code)
+		return
 	}
 	body := m.body
 	retry := m.editSeq != 0 && h.rng.Intn(4) == 0
@@ -553,27 +596,12 @@ func (h *urHistory) edit(c *urConv) {
 func (h *urHistory) clear(c *urConv, u *urUser) {
 	head := h.head(c.id)
 	lastTo := c.lastTo(u.id)
-	var seq int64
-	switch p := h.rng.Intn(100); {
-	case p < 10:
-		seq = head + 1 + h.rng.Int63n(3)
-	case p < 30 && lastTo < head:
-		seq = lastTo + 1 + h.rng.Int63n(head-lastTo)
-	default:
-		seq = h.rng.Int63n(head + 1)
-	}
+	seq := h.positionSeq(head, lastTo, 30, 0)
 	conn, dev := h.pick(u)
 	r, err := conn.Clear(h.ctx(), c.id, seq)
 	h.logf("clear %s by %s (%s) at %d (head %d, last period ends %d): cleared %d read %d unread %d %v", c.id, u.id, dev, seq, head, lastTo, r.Cleared, r.Read, r.Unread, err)
-	switch {
-	case !c.ever(u.id):
-		h.wantCode("clear by a never-member", err, wire.NotMember)
+	if h.positionRefused("clear", c, u, seq, head, err) {
 		return
-	case seq > head:
-		h.wantCode("clear above head", err, wire.CursorAhead)
-		return
-	case err != nil:
-		h.fail("clear: %v", err)
 	}
 	c.cleared[u.id] = max(c.cleared[u.id], min(seq, lastTo))
 	c.read[u.id] = max(c.read[u.id], c.cleared[u.id])
@@ -658,29 +686,12 @@ func (h *urHistory) add(c *urConv, u *urUser) {
 func (h *urHistory) read(c *urConv, u *urUser) {
 	head := h.head(c.id)
 	lastTo := c.lastTo(u.id)
-	var seq int64
-	switch p := h.rng.Intn(100); {
-	case p < 10:
-		seq = head + 1 + h.rng.Int63n(3)
-	case p < 40 && lastTo < head:
-		seq = lastTo + 1 + h.rng.Int63n(head-lastTo) // a former member reads beyond the leave point
-	case p < 55:
-		seq = head
-	default:
-		seq = h.rng.Int63n(head + 1)
-	}
+	seq := h.positionSeq(head, lastTo, 40, 55)
 	conn, dev := h.pick(u)
 	r, err := conn.Read(h.ctx(), c.id, seq)
 	h.logf("read %s by %s (%s) at %d (head %d, last period ends %d): read %d unread %d %v", c.id, u.id, dev, seq, head, lastTo, r.Read, r.Unread, err)
-	switch {
-	case !c.ever(u.id):
-		h.wantCode("read by a never-member", err, wire.NotMember)
+	if h.positionRefused("read", c, u, seq, head, err) {
 		return
-	case seq > head:
-		h.wantCode("read above head", err, wire.CursorAhead)
-		return
-	case err != nil:
-		h.fail("read: %v", err)
 	}
 	want := max(c.read[u.id], min(seq, lastTo))
 	c.read[u.id] = want
@@ -704,15 +715,8 @@ func (h *urHistory) ack(c *urConv, u *urUser) {
 	conn, dev := h.pick(u)
 	r, err := conn.Ack(h.ctx(), c.id, seq)
 	h.logf("ack %s by %s at %d: %d %v", c.id, dev, seq, r.Delivered, err)
-	switch {
-	case !c.ever(u.id):
-		h.wantCode("ack by a never-member", err, wire.NotMember)
+	if h.positionRefused("ack", c, u, seq, head, err) {
 		return
-	case seq > head:
-		h.wantCode("ack above head", err, wire.CursorAhead)
-		return
-	case err != nil:
-		h.fail("ack: %v", err)
 	}
 	want := max(h.deliv[dev][c.id], seq)
 	h.deliv[dev][c.id] = want
