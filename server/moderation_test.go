@@ -1130,6 +1130,29 @@ func racingSender(dev *modDev, conv string, workers, maxSends, warm, stopAfterNo
 		}
 }
 
+// warmedUp waits (at most 10 s) until warm, a racing sender's, is
+// closed: its first sends were confirmed. prefix starts the failure.
+func warmedUp(t *testing.T, prefix string, warm <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-warm:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%sthe sender's first sends were not confirmed", prefix)
+	}
+}
+
+// logHoldsConfirmed checks that the seqs of mem's messages stored in the
+// log are exactly those of its confirmed sends (it sorts both). prefix
+// starts the failure.
+func logHoldsConfirmed(t *testing.T, prefix string, stored, confirmed []int64) {
+	t.Helper()
+	slices.Sort(stored)
+	slices.Sort(confirmed)
+	if !slices.Equal(stored, confirmed) {
+		t.Errorf("%sthe log holds %d messages of mem, %d were confirmed (first difference: %v)", prefix, len(stored), len(confirmed), firstDiff(stored, confirmed))
+	}
+}
+
 // TestModerationMuteRacingSends: a member sends as fast as it can on
 // gateway B while the owner, on gateway A, mutes and unmutes it a few
 // times. No send is confirmed with a seq between a mute and the unmute
@@ -1148,11 +1171,7 @@ func TestModerationMuteRacingSends(t *testing.T) {
 	// is generous, so that the sender outlasts the mutes.
 	stop := make(chan struct{})
 	wait, warm, since := racingSender(mem, g, 2, 20000, 5, 0, stop)
-	select {
-	case <-warm:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the sender's first sends were not confirmed")
-	}
+	warmedUp(t, "", warm)
 	type window struct {
 		muteIssued, muteDone, unmuteIssued, unmuteDone time.Time
 		mute, unmute                                   int64
@@ -1258,11 +1277,7 @@ func TestModerationMuteRacingSends(t *testing.T) {
 			updates[ev.Seq] = *ev.MutedUntil
 		}
 	}
-	slices.Sort(confirmed)
-	slices.Sort(stored)
-	if !slices.Equal(stored, confirmed) {
-		t.Errorf("the log holds %d messages of mem, %d were confirmed (first difference: %v)", len(stored), len(confirmed), firstDiff(stored, confirmed))
-	}
+	logHoldsConfirmed(t, "", stored, confirmed)
 	for i, w := range windows {
 		if u, ok := updates[w.mute]; !ok || u != w.until {
 			t.Errorf("window %d: the mute at %d is %v in the log, want muted_until %d", i, w.mute, u, w.until)
@@ -1532,11 +1547,7 @@ func TestModerationRemovalRacingSends(t *testing.T) {
 		g := fmt.Sprintf("rm-race-%d", it)
 		n.createGroup(t, g, "own", "mem", "obs")
 		wait, warm, _ := racingSender(mem.b, g, 2, 1000, 4, 3, nil)
-		select {
-		case <-warm:
-		case <-time.After(10 * time.Second):
-			t.Fatalf("iteration %d: the sender's first sends were not confirmed", it)
-		}
+		warmedUp(t, fmt.Sprintf("iteration %d: ", it), warm)
 		r, err := own.a.do(reqRemove(g, "mem"))
 		removed := time.Now()
 		if err != nil || r.T != wire.TMembersOK {
@@ -1581,10 +1592,7 @@ func TestModerationRemovalRacingSends(t *testing.T) {
 				t.Errorf("iteration %d: an event of mem stored at %d, above mem's leave at %d", it, s, leave)
 			}
 		}
-		slices.Sort(confirmed)
-		if !slices.Equal(stored, confirmed) {
-			t.Errorf("iteration %d: the log holds %d messages of mem, %d were confirmed (first difference: %v)", it, len(stored), len(confirmed), firstDiff(stored, confirmed))
-		}
+		logHoldsConfirmed(t, fmt.Sprintf("iteration %d: ", it), stored, confirmed)
 		// Both of mem's devices get the leave (mem.b sent the messages,
 		// not the removal); after a message that reached every device,
 		// none of them got anything above it.
