@@ -127,6 +127,10 @@ type Config struct {
 	// device's outbox, so that several go out in one write; 0 writes each
 	// at once.
 	PushCoalesce time.Duration `yaml:"push_coalesce" default:"0s"`
+	// RelayCoalesce: typing and receipt frames wait up to this long in
+	// each device's outbox, so that several go out in one write (a
+	// device in many lively groups gets many); 0 writes each at once.
+	RelayCoalesce time.Duration `yaml:"relay_coalesce" default:"100ms"`
 	// SnapshotFullMax: a snapshot item with a gap up to this returns every
 	// event after `after`.
 	SnapshotFullMax int `yaml:"snapshot_full_max" default:"200"`
@@ -323,8 +327,8 @@ func (c Config) Validate() error {
 	if c.WriteFanoutMax < 0 || c.OnlineFanoutMax < c.WriteFanoutMax {
 		errs = append(errs, errors.New("need 0 <= write_fanout_max <= online_fanout_max"))
 	}
-	if c.PushCoalesce < 0 {
-		errs = append(errs, errors.New("push_coalesce must not be negative"))
+	if c.PushCoalesce < 0 || c.RelayCoalesce < 0 {
+		errs = append(errs, errors.New("push_coalesce and relay_coalesce must not be negative"))
 	}
 	if strings.ContainsAny(c.RedisPrefix, "{}") {
 		errs = append(errs, errors.New("redis_prefix must not contain { or }"))

@@ -7,20 +7,33 @@ import (
 	"github.com/parley-im/parley/internal/periodic"
 )
 
-// coalescer holds the sessions whose outbox has coalesced pushes (big
-// groups' pushes, config push_coalesce) and flushes them all every
-// push_coalesce: a device pushed several such messages within the period
-// gets them in one write. On loopback TCP a write costs the sender about
-// 5 µs of CPU whatever its size, so this is what bounds CPU per delivery
-// for big groups (docs/fanout.md).
+// coalescer holds the sessions whose outbox has frames that may wait for
+// its flush, and flushes them all every period: big groups' pushes
+// (config push_coalesce), typing and receipts (relay_coalesce). A device
+// given several such frames within the period gets them in one write. On
+// loopback TCP a write costs the sender about 5 µs of CPU whatever its
+// size, so this is what bounds CPU per delivery for big groups
+// (docs/fanout.md) and per relayed typing frame.
 type coalescer struct {
+	bit uint8 // this coalescer's bit of Session.coalescing
+
 	mu       sync.Mutex
 	sessions []*Session
 }
 
-// add queues s for the next flush. s.omu is held (s.coalescing was
-// false).
+// The two coalescers' bits of Session.coalescing.
+const (
+	pushCoalescer  uint8 = 1
+	relayCoalescer uint8 = 2
+)
+
+// add queues s for the next flush unless it is queued already. s.omu is
+// held.
 func (c *coalescer) add(s *Session) {
+	if s.coalescing&c.bit != 0 {
+		return
+	}
+	s.coalescing |= c.bit
 	c.mu.Lock()
 	c.sessions = append(c.sessions, s)
 	c.mu.Unlock()
@@ -34,7 +47,7 @@ func (c *coalescer) flush() {
 	c.mu.Unlock()
 	for _, s := range ss {
 		s.omu.Lock()
-		s.coalescing = false
+		s.coalescing &^= c.bit
 		s.flushLocked()
 		s.omu.Unlock()
 	}

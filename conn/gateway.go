@@ -94,8 +94,9 @@ type Gateway struct {
 	members         memberLists     // current members, for typing and receipts
 	pendingReceipts pendingReceipts // receipts waiting for their window
 
-	coalesce coalescer // sessions with coalesced pushes to flush
-	held     heldAcks  // sessions holding rid-less acks (ack_coalesce)
+	coalesce      coalescer // sessions with coalesced pushes to flush
+	relayCoalesce coalescer // sessions with typing or receipts to flush
+	held          heldAcks  // sessions holding rid-less acks (ack_coalesce)
 
 	mu       sync.RWMutex
 	sessions map[*Session]struct{} // every open connection
@@ -130,7 +131,7 @@ func New(cfg config.Config, deps Deps, log *slog.Logger, reg prometheus.Register
 		booted:    make(chan struct{}), stopping: make(chan struct{}),
 		sessions: map[*Session]struct{}{}, devices: map[string]*Session{},
 	}
-	g.members.st = deps.Store
+	g.members.st, g.members.spawn = deps.Store, g.goroutine
 	g.initCombiners()
 	g.proxyOn = cfg.ProxyProtocol == "on"
 	g.proxyTrusted, _ = cfg.ProxyTrustedPrefixes() // checked by cfg.Validate
@@ -145,8 +146,12 @@ func New(cfg config.Config, deps Deps, log *slog.Logger, reg prometheus.Register
 			g.wsAddr = netip.AddrPortFrom(netip.IPv4Unspecified(), uint16(p))
 		}
 	}
+	g.coalesce.bit, g.relayCoalesce.bit = pushCoalescer, relayCoalescer
 	if cfg.PushCoalesce > 0 {
 		g.goroutine(func() { g.every(cfg.PushCoalesce, g.coalesce.flush) })
+	}
+	if cfg.RelayCoalesce > 0 {
+		g.goroutine(func() { g.every(cfg.RelayCoalesce, g.relayCoalesce.flush) })
 	}
 	if cfg.AckCoalesce > 0 {
 		g.goroutine(func() { g.every(cfg.AckCoalesce, g.flushHeldAcks) })
@@ -584,6 +589,9 @@ func (g *Gateway) request(s *Session, body []byte, now time.Time) (stop bool) {
 		s.reply(wire.Pong{T: wire.TPong, Rid: req.Rid, Ts: time.Now().UnixMilli()})
 		return false
 	}
+	if req.T == wire.TTyping && s.authed.Load() && g.typingOnLoop(s, &req, now) {
+		return false
+	}
 	// Below: frames before auth succeeded. Nothing but auth may come
 	// first; what is pipelined behind an auth is queued behind it and
 	// runs only if it succeeds (a ping too: its pong then follows
@@ -671,7 +679,12 @@ func (g *Gateway) Deliver(ds []fanout.Delivery) {
 	g.mu.RLock()
 	for _, d := range ds {
 		for _, t := range d.Targets {
-			if s := g.devices[t.Device]; s != nil {
+			s := g.devices[t.Device]
+			switch {
+			case s == nil:
+			case d.Relayed:
+				s.relay(d.Frame)
+			default:
 				s.push(d.Frame, d.Conv, d.Seq, d.Coalesce, now)
 				pushes++
 			}

@@ -85,7 +85,7 @@ func (g *Gateway) handle(s *Session, req *wire.Request, start time.Time) {
 	case wire.TClear:
 		g.clear(ctx, s, req)
 	case wire.TTyping:
-		g.typing(ctx, s, req, start)
+		g.typing(s, req, start)
 	case wire.TReceipts:
 		g.receipts(ctx, s, req)
 	case wire.TSettings:

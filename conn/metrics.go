@@ -40,7 +40,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "parley_gateway_errors_total", Help: "Error replies, by code."}, []string{"code"}),
 		drops: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "parley_gateway_drops_total", Help: "Pushes not written, by reason."}, []string{"reason"}),
+			Name: "parley_gateway_drops_total", Help: "Frames not written, by reason: slow_device (a push to a device over max_outbound, owed as a hint), slow_device_closed (a device twice over it, closed), slow_device_relay (a typing or receipt frame to a device over it)."}, []string{"reason"}),
 		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "parley_gateway_refusals_total", Help: "Requests refused with RATE_LIMITED before any work, by reason (\"auth_rate\": over auth_rate; \"addr_auth_rate\": over addr_auth_rate; \"addr_conns\": over addr_max_conns)."}, []string{"reason"}),
 		auths: prometheus.NewCounterVec(prometheus.CounterOpts{

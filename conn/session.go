@@ -71,7 +71,7 @@ type Session struct {
 	out        []byte
 	spare      []byte
 	scheduled  bool             // an AsyncWrite of this outbox is queued on the loop
-	coalescing bool             // queued for the gateway's coalescing flush
+	coalescing uint8            // the coalescers (their bits) s is queued in for a flush
 	behind     map[string]int64 // conv -> newest seq dropped for this slow device: owes a hint
 	kick       bool             // close once the outbox is written
 	backlog    int              // bytes gnet still held at the last flush
@@ -183,7 +183,31 @@ func (s *Session) reply(v any) {
 // dropped. A coalesced push may wait push_coalesce for the gateway's
 // coalescing flush (or go out earlier with any other frame).
 func (s *Session) push(frame []byte, conv string, seq int64, coalesce bool, now time.Time) {
-	s.write(frame, conv, seq, coalesce && s.g.cfg.PushCoalesce > 0, now)
+	var c *coalescer
+	if coalesce && s.g.cfg.PushCoalesce > 0 {
+		c = &s.g.coalesce
+	}
+	s.write(frame, conv, seq, c, now)
+}
+
+// relay queues a typing or receipt frame, which may wait relay_coalesce
+// for the gateway's relay flush. It is dropped for a device whose backlog
+// exceeds max_outbound (it is best effort; nothing is owed for it).
+func (s *Session) relay(frame []byte) {
+	if s.closed.Load() {
+		return
+	}
+	var c *coalescer
+	if s.g.cfg.RelayCoalesce > 0 {
+		c = &s.g.relayCoalesce
+	}
+	s.omu.Lock()
+	defer s.omu.Unlock()
+	if len(s.out)+s.backlog > s.g.cfg.MaxOutbound || s.behind != nil {
+		s.g.metrics.drops.WithLabelValues("slow_device_relay").Inc()
+		return
+	}
+	s.queueLocked(frame, c)
 }
 
 // redeliver sends the hints the redelivery scan owes this device.
@@ -201,12 +225,12 @@ func (s *Session) redeliver(now time.Time) {
 }
 
 // write appends frame to the outbox and schedules a flush on the loop
-// (a coalesced push: leaves that to the gateway's coalescing flush). A
+// (with a coalescer c: leaves that to c's flush). A
 // push (conv != "") to a device whose backlog exceeds max_outbound is
 // dropped and owed as a hint; a backlog of twice that (replies it does not
 // read) closes the connection. now is when the push was handed over (for
 // the redelivery scan).
-func (s *Session) write(frame []byte, conv string, seq int64, coalesce bool, now time.Time) {
+func (s *Session) write(frame []byte, conv string, seq int64, c *coalescer, now time.Time) {
 	if s.closed.Load() {
 		return
 	}
@@ -236,19 +260,22 @@ func (s *Session) write(frame []byte, conv string, seq int64, coalesce bool, now
 		s.close()
 		return
 	}
+	s.queueLocked(frame, c)
+	s.omu.Unlock()
+}
+
+// queueLocked appends frame to the outbox and schedules a flush on the
+// loop, or, with a coalescer c, leaves that to c's flush: the frame waits
+// for it with whatever else this device is given until then (if an
+// AsyncWrite is in flight, its completion flushes the outbox anyway: see
+// written). s.omu is held.
+func (s *Session) queueLocked(frame []byte, c *coalescer) {
 	s.out = append(s.out, frame...)
-	// A coalesced push waits for the gateway's coalescing flush, with
-	// whatever else this device is pushed until then; if an AsyncWrite is
-	// in flight, its completion flushes the outbox anyway (see written).
-	if coalesce && !s.scheduled {
-		if !s.coalescing {
-			s.coalescing = true
-			s.g.coalesce.add(s)
-		}
+	if c != nil && !s.scheduled {
+		c.add(s)
 	} else {
 		s.flushLocked()
 	}
-	s.omu.Unlock()
 }
 
 // know records that seq of conv is committed and visible to the user (it

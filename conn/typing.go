@@ -15,12 +15,34 @@ const typingInterval = 2 * time.Second
 // typing relays "user is typing" to the other current members' online
 // devices, in push-tier conversations only (in bigger ones it is skipped
 // silently). Nothing is stored; there is no success reply.
-func (g *Gateway) typing(ctx context.Context, s *Session, req *wire.Request, now time.Time) {
-	members, err := g.members.get(ctx, req.Conv, now)
-	if err != nil {
-		g.answer(s, req, err, nil)
-		return
+func (g *Gateway) typing(s *Session, req *wire.Request, now time.Time) {
+	r := *req // the caller's may be reused once this returns
+	g.members.load(req.Conv, now, func(members []string, err error) {
+		if err != nil {
+			g.answer(s, &r, err, nil)
+			return
+		}
+		g.relayTyping(s, &r, members, now)
+	})
+}
+
+// typingOnLoop relays a typing frame right from the event loop, without a
+// request goroutine, unless requests of the connection are queued before
+// it (they go first); it reports whether it took the frame.
+func (g *Gateway) typingOnLoop(s *Session, req *wire.Request, now time.Time) bool {
+	s.qmu.Lock()
+	busy := s.running
+	s.qmu.Unlock()
+	if busy || s.expired(now) {
+		return false
 	}
+	g.typing(s, req, now)
+	return true
+}
+
+// relayTyping relays a typing frame of s's user in conv, whose current
+// members are members.
+func (g *Gateway) relayTyping(s *Session, req *wire.Request, members []string, now time.Time) {
 	if !isMemberOf(members, s.user) {
 		g.answer(s, req, wire.Errorf(wire.NotMember, "not a member of this conversation"), nil)
 		return
@@ -38,7 +60,7 @@ func (g *Gateway) typing(ctx context.Context, s *Session, req *wire.Request, now
 		g.answer(s, req, err, nil)
 		return
 	}
-	if err := g.toOthers(ctx, members, s.user, frame); err != nil {
+	if err := g.toOthers(context.Background(), members, s.user, frame); err != nil {
 		g.metrics.typing.WithLabelValues("dropped_busy").Inc()
 		return
 	}

@@ -89,6 +89,11 @@ type Config struct {
 	// the change committed and before it is answered, so their
 	// membership caches refuse the users' sends at once.
 	Removed func(ctx context.Context, conv string, users []string) error
+	// Joined, if set, tells every process that convs gained members
+	// (they were created, or users joined), right after the change
+	// committed, so that what they cache of the member lists (the
+	// gateway's, for typing and receipts) is dropped.
+	Joined func(ctx context.Context, convs []string) error
 	// MemberTTL is how old, at most, the answer of the membership check
 	// before a send's seq is allocated may be (memberCache); 0 means 5s.
 	MemberTTL time.Duration
@@ -455,6 +460,11 @@ func (l *Log) Create(ctx context.Context, cs ...store.NewConversation) error {
 		}
 		l.committed(store.MembershipChange{Conv: c.ID, Actor: c.Actor, Seq: 1, Ts: ts}, store.KindJoin, c.Members, "", int64(len(c.Members)))
 	}
+	ids := make([]string, len(cs))
+	for i, c := range cs {
+		ids[i] = c.ID
+	}
+	l.joined(ctx, ids)
 	return nil
 }
 
@@ -468,6 +478,7 @@ func (l *Log) AddMembers(ctx context.Context, conv, actor, device string, users 
 		return err
 	}, func(ch store.MembershipChange) {
 		if len(added) > 0 {
+			l.joined(ctx, []string{conv})
 			l.committed(ch, store.KindJoin, added, device, members)
 		}
 	})
@@ -514,6 +525,16 @@ func (l *Log) changed(ctx context.Context, conv string, users []string) {
 		if err := l.cfg.Removed(ctx, conv, users); err != nil {
 			l.log.Warn("telling other processes of a membership change", "conv", conv, "err", err)
 		}
+	}
+}
+
+// joined tells every process that convs gained members.
+func (l *Log) joined(ctx context.Context, convs []string) {
+	if l.cfg.Joined == nil {
+		return
+	}
+	if err := l.cfg.Joined(ctx, convs); err != nil {
+		l.log.Warn("telling other processes of new members", "convs", len(convs), "err", err)
 	}
 }
 

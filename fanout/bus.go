@@ -28,6 +28,7 @@ type envelope struct {
 	Deliveries []Delivery `msgpack:"d,omitempty"`
 	Kick       *Target    `msgpack:"k,omitempty"`
 	Removed    *Removal   `msgpack:"r,omitempty"`
+	Joined     []string   `msgpack:"j,omitempty"` // conversations that gained members
 }
 
 // Removal is users' removal from conversation Conv.
@@ -62,6 +63,13 @@ func (b *Bus) Removed(ctx context.Context, conv string, users []string) error {
 	return b.publishTo(ctx, b.everyone(), envelope{Removed: &Removal{Conv: conv, Users: users}})
 }
 
+// Joined tells every gateway that convs gained members (they were
+// created, or users joined them), so that what it caches of their member
+// lists is dropped.
+func (b *Bus) Joined(ctx context.Context, convs []string) error {
+	return b.publishTo(ctx, b.everyone(), envelope{Joined: convs})
+}
+
 func (b *Bus) publish(ctx context.Context, gw string, env envelope) error {
 	return b.publishTo(ctx, b.channel(gw), env)
 }
@@ -91,9 +99,17 @@ func (b *Bus) Subscribe(ctx context.Context) (*redis.PubSub, error) {
 	return ps, nil
 }
 
-// Serve hands the messages of ps to local (deliveries), onKick and
-// onRemoved until ps is closed.
-func Serve(ps *redis.PubSub, local Local, onKick func(Target), onRemoved func(Removal)) {
+// Handlers are what Serve hands the bus's messages other than deliveries
+// to.
+type Handlers struct {
+	Kick    func(Target)      // close a device's connection (replaced elsewhere)
+	Removed func(Removal)     // users left a conversation, or their mute or role changed
+	Joined  func(conv string) // a conversation gained members
+}
+
+// Serve hands the messages of ps to local (deliveries) and h until ps is
+// closed.
+func Serve(ps *redis.PubSub, local Local, h Handlers) {
 	for m := range ps.Channel(redis.WithChannelSize(1024)) {
 		var env envelope
 		if err := msgpack.Unmarshal([]byte(m.Payload), &env); err != nil {
@@ -103,10 +119,13 @@ func Serve(ps *redis.PubSub, local Local, onKick func(Target), onRemoved func(Re
 			local.Deliver(env.Deliveries)
 		}
 		if env.Kick != nil {
-			onKick(*env.Kick)
+			h.Kick(*env.Kick)
 		}
 		if env.Removed != nil {
-			onRemoved(*env.Removed)
+			h.Removed(*env.Removed)
+		}
+		for _, c := range env.Joined {
+			h.Joined(c)
 		}
 	}
 }

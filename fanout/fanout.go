@@ -52,6 +52,9 @@ type Delivery struct {
 	// Coalesce: a big group's push, which may wait push_coalesce in the
 	// device's outbox to share a write with others.
 	Coalesce bool `msgpack:"l,omitempty"`
+	// Relayed: a typing or receipt frame (ToUsers), which may wait
+	// relay_coalesce in the device's outbox to share a write with others.
+	Relayed bool `msgpack:"b,omitempty"`
 }
 
 // Local is the gateway of this process: it writes frames to its own
@@ -96,6 +99,9 @@ type Fanout struct {
 	// Frames for users' devices (ToUser), batched by notifyLoop so that
 	// one pipelined route lookup serves every frame queued meanwhile.
 	notes chan userFrame
+	// The routes ToUsers frames reuse for relayRouteTTL; only notifyLoop's
+	// goroutine uses it.
+	relayRoutes map[string]relayRoute
 
 	closeOnce sync.Once
 }
@@ -565,32 +571,58 @@ func (f *Fanout) notifyLoop() {
 	}
 }
 
-// notify delivers a batch of ToUser frames.
+// relayRouteTTL: how long notifyLoop reuses a user's routes for ToUsers
+// frames (typing, receipts). Those are best effort, and a lookup per
+// batch was a fifth of parleyd's CPU relaying typing: a device that
+// connected (or moved to another gateway) within the TTL may miss some.
+// ToUser frames (read_changed and the like) always look routes up.
+const relayRouteTTL = time.Second
+
+// relayRoutesMax: cached routes kept before stale ones are swept.
+const relayRoutesMax = 200000
+
+type relayRoute struct {
+	entries []route.Entry
+	at      time.Time
+}
+
+// notify delivers a batch of ToUser and ToUsers frames.
 func (f *Fanout) notify(batch []userFrame) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	now := time.Now()
 	users := make([]string, 0, len(batch))
 	seen := map[string]bool{}
+	byUser := map[string][]route.Entry{}
 	for _, n := range batch {
 		if n.users == nil && !seen[n.user] {
 			seen[n.user] = true
 			users = append(users, n.user)
 		}
+	}
+	for _, n := range batch {
 		for _, u := range n.users {
-			if !seen[u] {
-				seen[u] = true
+			if seen[u] {
+				continue
+			}
+			seen[u] = true
+			if r, ok := f.relayRoutes[u]; ok && now.Sub(r.at) < relayRouteTTL {
+				byUser[u] = r.entries
+			} else {
 				users = append(users, u)
 			}
 		}
 	}
-	entries, err := f.routes.Lookup(ctx, users)
-	if err != nil {
-		f.log.Debug("frames to users: route lookup", "users", len(users), "err", err)
-		return
-	}
-	byUser := map[string][]route.Entry{}
-	for _, e := range entries {
-		byUser[e.User] = append(byUser[e.User], e)
+	if len(users) > 0 {
+		entries, err := f.routes.Lookup(ctx, users)
+		if err != nil {
+			f.log.Debug("frames to users: route lookup", "users", len(users), "err", err)
+			return
+		}
+		for _, e := range entries {
+			byUser[e.User] = append(byUser[e.User], e)
+		}
+		f.keepRelayRoutes(users, byUser, now)
 	}
 	perGateway := map[string][]Delivery{}
 	for _, n := range batch {
@@ -609,7 +641,7 @@ func (f *Fanout) notify(batch []userFrame) {
 			add(u)
 		}
 		for gw, ts := range targets {
-			perGateway[gw] = append(perGateway[gw], Delivery{Frame: n.frame, Targets: ts})
+			perGateway[gw] = append(perGateway[gw], Delivery{Frame: n.frame, Targets: ts, Relayed: n.users != nil})
 		}
 	}
 	for gw, ds := range perGateway {
@@ -618,5 +650,23 @@ func (f *Fanout) notify(batch []userFrame) {
 		} else if err := f.bus.Publish(ctx, gw, ds); err != nil {
 			f.log.Debug("frames to users: publish", "gateway", gw, "err", err)
 		}
+	}
+}
+
+// keepRelayRoutes remembers the routes just looked up for users (none for
+// a user without online devices).
+func (f *Fanout) keepRelayRoutes(users []string, byUser map[string][]route.Entry, now time.Time) {
+	if f.relayRoutes == nil {
+		f.relayRoutes = map[string]relayRoute{}
+	}
+	if len(f.relayRoutes)+len(users) > relayRoutesMax {
+		for u, r := range f.relayRoutes {
+			if now.Sub(r.at) >= relayRouteTTL {
+				delete(f.relayRoutes, u)
+			}
+		}
+	}
+	for _, u := range users {
+		f.relayRoutes[u] = relayRoute{entries: byUser[u], at: now}
 	}
 }

@@ -567,7 +567,7 @@ func (c *Conn) onFrame(m wire.Message) {
 		}
 	case wire.TTyping:
 		if r.features != nil {
-			r.features.typingIn.Add(1)
+			r.features.relayed(c.idx, m.Conv, m.User, r.clk.now())
 		}
 	case wire.TReceipt:
 		if r.features != nil {

@@ -3,6 +3,7 @@ package loadtest
 import (
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"sync/atomic"
 
 	"github.com/parley-im/parley/wire"
@@ -23,6 +24,32 @@ type featureMix struct {
 
 	typing, edits, clears, receiptQueries atomic.Int64 // written
 	typingIn, receiptsIn                  atomic.Int64 // typing and receipt frames received
+
+	// Scenario typing: when each (conversation, user) last typed (clock
+	// nanos), and how long its relayed frames took (nil in mixed).
+	typedAt sync.Map // typingKey -> int64
+	relay   *Hist
+}
+
+type typingKey struct{ conv, user string }
+
+// typed records that user's device wrote a typing frame in conv at now.
+func (f *featureMix) typed(conv, user string, now int64) {
+	if f.relay != nil {
+		f.typedAt.Store(typingKey{conv, user}, now)
+	}
+}
+
+// relayed counts a typing frame received, and in scenario typing records
+// how long after its user's last typing frame in that conversation.
+func (f *featureMix) relayed(shard int, conv, user string, now int64) {
+	f.typingIn.Add(1)
+	if f.relay == nil {
+		return
+	}
+	if at, ok := f.typedAt.Load(typingKey{conv, user}); ok {
+		f.relay.Record(shard, now-at.(int64))
+	}
 }
 
 // FeaturesReport is the feature part of the mixed report: what was sent

@@ -109,6 +109,8 @@ type warmCounts struct {
 	sends, sent, confirmed, delivered, synced, syncs, acks, hints int64
 	// Scenario mixed.
 	readsScheduled, reads, readsOK, readShort, readChanged, siblingOwed, siblingPushed int64
+	// Scenario typing.
+	typing, typingIn int64
 }
 
 // warmup sends for Config.Warmup as the window will (so the server's
@@ -133,6 +135,9 @@ func (r *runner) warmup(ctx context.Context, fire func(k, intended int64)) {
 		r.warm.readsScheduled, r.warm.reads, r.warm.readsOK = m.scheduled.Load(), m.reads.Load(), m.readsOK.Load()
 		r.warm.readShort, r.warm.readChanged = m.short.Load(), m.changed.Load()
 		r.warm.siblingOwed, r.warm.siblingPushed = m.siblingOwed.Load(), m.siblingPushed.Load()
+	}
+	if f := r.features; f != nil {
+		r.warm.typing, r.warm.typingIn = f.typing.Load(), f.typingIn.Load()
 	}
 }
 

@@ -187,6 +187,7 @@ func (rep *Report) WriteTable(w io.Writer) {
 			if t.ServerUsPerIn != nil && t.ServerUsPerTo != nil {
 				fmt.Fprintf(w, "server CPU: %.2f µs per frame written, %.2f µs per frame received\n", *t.ServerUsPerIn, *t.ServerUsPerTo)
 			}
+			fmt.Fprintf(w, "relay ms: p50 %.2f  p90 %.2f  p99 %.2f  max %.2f\n", t.RelayMs.P50, t.RelayMs.P90, t.RelayMs.P99, t.RelayMs.Max)
 		}
 	case "mixed":
 		if mr := rep.Mixed; mr != nil {

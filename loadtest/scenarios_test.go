@@ -368,3 +368,31 @@ func TestNotify(t *testing.T) {
 		t.Fatalf("confirmed %d lost %d", rep.Confirmed, rep.Lost)
 	}
 }
+
+// TestTyping runs scenario typing: 40 devices in 40 groups of 4, each
+// device typing in its 4 groups in turn at 1.5 frames/s (under the
+// server's one per device and conversation per 2 s), after a warm-up: the
+// report counts the window's frames only, and every frame written then
+// reaches the group's 3 other devices (a few may cross the window's
+// edges, held up to relay_coalesce by the server).
+func TestTyping(t *testing.T) {
+	env := parleytest.Start(t, parleytest.Config(t))
+	rep := runScenario(t, env, Config{Scenario: "typing", Rate: 60, Duration: 2 * time.Second, Warmup: time.Second,
+		Devices: 40, Groups: 40, Size: 4})
+	tr := rep.Typing
+	if tr == nil {
+		t.Fatal("no typing report")
+	}
+	if tr.Devices != 40 || tr.Groups != 40 || tr.GroupSize != 4 || tr.GroupsPerDev != 4 {
+		t.Errorf("typing report %+v", tr)
+	}
+	if tr.Written != 120 {
+		t.Errorf("written %d in the 2 s window, want 120", tr.Written)
+	}
+	if owed := tr.Written * 3; tr.Received < owed*9/10 || tr.Received > owed*11/10 {
+		t.Errorf("received %d, want about %d", tr.Received, owed)
+	}
+	if rep.Sent != 0 || len(rep.Errors) != 0 {
+		t.Errorf("sent %d errors %v", rep.Sent, rep.Errors)
+	}
+}

@@ -18,12 +18,15 @@ type TypingReport struct {
 	Groups        int      `json:"groups"`
 	GroupSize     int      `json:"group_size"`
 	GroupsPerDev  int      `json:"groups_per_device"`
-	Written       int64    `json:"written"`               // typing frames the devices wrote
-	Received      int64    `json:"received"`              // typing frames the devices were relayed
+	Written       int64    `json:"written"`               // typing frames the devices wrote (after any warm-up)
+	Received      int64    `json:"received"`              // typing frames the devices were relayed (after any warm-up)
 	WrittenPerS   float64  `json:"written_per_s"`         // over the window
 	ReceivedPerS  float64  `json:"received_per_s"`        // over the window
 	ServerUsPerIn *float64 `json:"server_us_per_written"` // server CPU per frame written (null without -server-pid)
 	ServerUsPerTo *float64 `json:"server_us_per_received"`
+	// From a device's typing frame to its relay's arrival at another
+	// member's device (the server may hold it up to relay_coalesce).
+	RelayMs Summary `json:"relay_ms"`
 }
 
 // runTyping is scenario typing: Devices devices (one user each), all
@@ -78,8 +81,13 @@ func runTyping(ctx context.Context, r *runner) error {
 	}
 	fmt.Fprintf(r.cfg.Out, "connected %d devices in %s\n", n, time.Since(t0).Round(time.Millisecond))
 	r.report.Connections = n
-	f := &featureMix{}
+	f := &featureMix{relay: NewHist()}
 	r.features = f
+	r.series = []series{{"typing", f.relay}}
+	r.line = func(pt TimelinePoint) string {
+		return fmt.Sprintf("%5.1fs  typing written %7d  received %8d  relay p50 %7.2fms  p99 %7.2fms  errors %d",
+			pt.T, f.typing.Load(), f.typingIn.Load(), pt.Latency["typing"].P50, pt.Latency["typing"].P99, r.errs.Total())
+	}
 	next := make([]int, n) // only fire uses it, on the pacer's goroutine
 	r.load(ctx, func(k, _ int64) {
 		d := int(k % int64(n))
@@ -90,11 +98,13 @@ func runTyping(ctx context.Context, r *runner) error {
 		conv := gs[next[d]%len(gs)]
 		next[d]++
 		f.typing.Add(1)
+		f.typed(conv, users[d], r.clk.now())
 		conns[d].fireAndForget(wire.Request{T: wire.TTyping, Conv: conv})
 	})
 	rep := r.report
 	tr := &TypingReport{Devices: n, Groups: g, GroupSize: s, GroupsPerDev: g * s / n,
-		Written: f.typing.Load(), Received: f.typingIn.Load()}
+		Written: f.typing.Load() - r.warm.typing, Received: f.typingIn.Load() - r.warm.typingIn,
+		RelayMs: Summarize(f.relay.Total())}
 	if rep.DurationS > 0 {
 		tr.WrittenPerS = round3(float64(tr.Written) / rep.DurationS)
 		tr.ReceivedPerS = round3(float64(tr.Received) / rep.DurationS)

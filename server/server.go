@@ -238,7 +238,18 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Server, e
 		MemberLookups: eventlog.MemberLookups{Waited: sm.memberLookups.WithLabelValues("send"),
 			Refreshed: sm.memberLookups.WithLabelValues("refresh")},
 		BeforeLeave: s.fan.BeforeLeave,
-		Removed:     s.bus.Removed},
+		// This gateway's member lists are dropped at once, the others'
+		// by the bus.
+		Removed: func(ctx context.Context, conv string, users []string) error {
+			s.gw.ForgetMembers(conv)
+			return s.bus.Removed(ctx, conv, users)
+		},
+		Joined: func(ctx context.Context, convs []string) error {
+			for _, c := range convs {
+				s.gw.ForgetMembers(c)
+			}
+			return s.bus.Joined(ctx, convs)
+		}},
 		log, func(evs []eventlog.Committed) {
 			s.fan.Enqueue(evs)
 			s.notify.Committed(evs)
@@ -352,11 +363,12 @@ func (s *Server) MetricsAddr() string {
 func (s *Server) Start(ctx context.Context) error {
 	s.goroutine(func() { s.gwErr <- s.gw.Run() })
 	s.goroutine(func() {
-		fanout.Serve(s.ps, s.gw, s.gw.Kick, func(r fanout.Removal) {
-			s.events.Forget(r.Conv, r.Users)
-			s.gw.ForgetMembers(r.Conv)
-			s.removalNotices.Inc()
-		})
+		fanout.Serve(s.ps, s.gw, fanout.Handlers{Kick: s.gw.Kick, Joined: s.gw.ForgetMembers,
+			Removed: func(r fanout.Removal) {
+				s.events.Forget(r.Conv, r.Users)
+				s.gw.ForgetMembers(r.Conv)
+				s.removalNotices.Inc()
+			}})
 	})
 	s.goroutine(func() { s.bus.FollowLifecycle(s.background, s.lifecycleFrom, s.gw.Lifecycle) })
 	s.goroutine(s.keepLease)

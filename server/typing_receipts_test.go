@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"net/http"
 	"testing"
 	"time"
 
@@ -216,4 +217,60 @@ func TestReceipts(t *testing.T) {
 	if err != nil || len(r.Reads) != 3 {
 		t.Fatalf("receipts with cy public again: %+v %v", r.Reads, err)
 	}
+}
+
+// Gateways cache a push-tier conversation's member list for typing (and
+// receipts) for long, so a join or a removal on any gateway must drop it
+// on every gateway at once: a new member's typing is relayed (not refused
+// as NOT_MEMBER) and the others' reaches it, and a removed member's
+// devices get none, right after the change was answered. Two gateways
+// share PostgreSQL and Redis; each change is made through the other
+// gateway's admin API than the one whose cache it must drop.
+func TestTypingFollowsMembership(t *testing.T) {
+	cfg := parleytest.Config(t)
+	cfg1, cfg2 := cfg, cfg
+	cfg1.GatewayID, cfg2.GatewayID = "tgw-1", "tgw-2"
+	gw1 := parleytest.Start(t, cfg1)
+	gw2 := parleytest.Start(t, cfg2)
+	ana := gw1.User(t, "ana", 1)[0]
+	ben := gw1.User(t, "ben", 1)[0]
+	cy := gw1.User(t, "cy", 1)[0]
+	gw1.Group(t, "g", "ana", "ben")
+	ca, fa := dial(t, gw1, ana)
+	cb, fb := dial(t, gw2, ben)
+	cc, fc := dial(t, gw2, cy)
+
+	// Both gateways now hold g's list: {ana, ben}.
+	first := time.Now()
+	if err := ca.Typing("g"); err != nil {
+		t.Fatal(err)
+	}
+	nextFrame(t, fb, 5*time.Second, "ana's typing on ben's device", isTyping("g", "ana"))
+	if err := cb.Typing("g"); err != nil {
+		t.Fatal(err)
+	}
+	nextFrame(t, fa, 5*time.Second, "ben's typing on ana's device", isTyping("g", "ben"))
+
+	// cy joins through gateway 1: gateway 2 relays cy's typing at once.
+	var add struct{ Head int64 }
+	if st := gw1.Admin(t, "POST", "/v1/conversations/g/members", map[string]any{"users": []string{"cy"}}, &add); st != http.StatusOK {
+		t.Fatalf("adding cy: status %d", st)
+	}
+	if err := cc.Typing("g"); err != nil {
+		t.Fatal(err)
+	}
+	nextFrame(t, fa, 5*time.Second, "the new member's typing on ana's device", isTyping("g", "cy"))
+	noFrame(t, fc, 300*time.Millisecond, "an error for the new member's typing", func(m wire.Message) bool { return m.T == wire.TError })
+
+	// ben is removed through gateway 2: gateway 1 relays ana's next
+	// typing to cy and not to ben.
+	if st := gw2.Admin(t, "DELETE", "/v1/conversations/g/members/ben", nil, nil); st != http.StatusOK {
+		t.Fatalf("removing ben: status %d", st)
+	}
+	time.Sleep(time.Until(first.Add(2100 * time.Millisecond))) // ana's typing interval passing
+	if err := ca.Typing("g"); err != nil {
+		t.Fatal(err)
+	}
+	nextFrame(t, fc, 5*time.Second, "ana's typing on the new member's device", isTyping("g", "ana"))
+	noFrame(t, fb, 500*time.Millisecond, "typing on the removed member's device", isTyping("g", "ana"))
 }

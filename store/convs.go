@@ -376,6 +376,26 @@ func (s *Store) CurrentMembers(ctx context.Context, conv string) ([]CurrentPerio
 	})
 }
 
+// CurrentMembersOf returns the current members of each of convs, in one
+// statement (a conversation without any, or that does not exist, is not
+// in the map).
+func (s *Store) CurrentMembersOf(ctx context.Context, convs []string) (map[string][]string, error) {
+	rows, err := s.pool.Query(ctx, `SELECT conv_id, user_id FROM membership_periods WHERE conv_id = ANY($1) AND to_seq IS NULL`, convs)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := make(map[string][]string, len(convs))
+	for rows.Next() {
+		var conv, user string
+		if err := rows.Scan(&conv, &user); err != nil {
+			return nil, err
+		}
+		out[conv] = append(out[conv], user)
+	}
+	return out, rows.Err()
+}
+
 // ConvSeq names one event.
 type ConvSeq struct {
 	Conv string

@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -63,5 +64,37 @@ func TestInsertMessagesConflictsInOneBatch(t *testing.T) {
 		if r.Seq != w.seq || r.Dup != w.dup || !errors.Is(r.Err, w.err) {
 			t.Errorf("row %d: %+v; want seq %d dup %v err %v", i, r, w.seq, w.dup, w.err)
 		}
+	}
+}
+
+// CurrentMembersOf returns each conversation's current members in one
+// statement: not those who left, nothing for a conversation without any
+// or that does not exist.
+func TestCurrentMembersOf(t *testing.T) {
+	env := parleytest.Start(t, parleytest.Config(t))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	env.User(t, "ana", 1)
+	env.User(t, "ben", 1)
+	env.User(t, "cy", 1)
+	env.Group(t, "g", "ana", "ben", "cy")
+	env.Group(t, "h", "ana", "ben")
+	if st := env.Admin(t, "DELETE", "/v1/conversations/g/members/ben", nil, nil); st != 200 {
+		t.Fatalf("removing ben: status %d", st)
+	}
+	st, err := store.Open(ctx, env.Cfg.PostgresURL, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	got, err := st.CurrentMembersOf(ctx, []string{"g", "h", "nope"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, us := range got {
+		slices.Sort(us)
+	}
+	if len(got) != 2 || !slices.Equal(got["g"], []string{"ana", "cy"}) || !slices.Equal(got["h"], []string{"ana", "ben"}) {
+		t.Fatalf("current members: %v", got)
 	}
 }
