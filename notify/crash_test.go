@@ -250,3 +250,28 @@ func TestHangingProviderBlocksNothing(t *testing.T) {
 		}
 	}
 }
+
+// TestIdleShardsSleep: with nothing queued, a shard is looked at about
+// once a second, not every Poll (20 ms); a job this process queues wakes
+// its shard, which sleeps until the job is due, and the notification goes
+// out once.
+func TestIdleShardsSleep(t *testing.T) {
+	w := newWorld(t, "webhook")
+	sink := newKeySink(t)
+	reg := prometheus.NewRegistry()
+	n := w.notifier(t, reg, NewWebhook(sink.srv.URL, "s", sink.srv.Client()))
+	n.Start()
+	time.Sleep(1500 * time.Millisecond)
+	// 2 shards: a look at the start and one a second after (polling
+	// every 20 ms would have been 150).
+	if c := counter(t, reg, "parley_notify_claims_total"); c < 2 || c > 8 {
+		t.Fatalf("%v looks at 2 idle shards in 1.5 s, want 2 to 8", c)
+	}
+	n.Committed([]eventlog.Committed{w.send(t, 2)})
+	testenv.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		if c := sink.count("ben-d:g:2"); c != 1 {
+			return fmt.Errorf("delivered %d times", c)
+		}
+		return nil
+	})
+}

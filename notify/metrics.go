@@ -10,6 +10,7 @@ type metrics struct {
 	skipped    *prometheus.CounterVec // reason: the policy said no
 	backlog    prometheus.Gauge
 	latency    *prometheus.HistogramVec // provider
+	claims     prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -33,9 +34,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "parley_notify_latency_seconds",
 			Help:    "From a message's commit to a provider accepting its notification (includes notify_delay), by provider.",
 			Buckets: prometheus.ExponentialBuckets(0.05, 1.5, 20)}, []string{"provider"}),
+		claims: prometheus.NewCounter(prometheus.CounterOpts{Name: "parley_notify_claims_total",
+			Help: "Looks at a queue shard's due jobs (a Redis script each): when its next job is due, when this process queued or finished one of its jobs, and at least once a second per shard."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.sent, m.failed, m.dropped, m.duplicated, m.skipped, m.backlog, m.latency)
+		reg.MustRegister(m.sent, m.failed, m.dropped, m.duplicated, m.skipped, m.backlog, m.latency, m.claims)
 	}
 	return m
 }

@@ -52,7 +52,8 @@ type Config struct {
 	WriteFanoutMax, OnlineFanoutMax int
 	// Prefix is the Redis key prefix.
 	Prefix string
-	// Poll is how often a shard with nothing due is looked at again.
+	// Poll is the least time between two looks at a shard with nothing
+	// due.
 	Poll time.Duration
 }
 
@@ -126,7 +127,7 @@ func New(st *store.Store, rdb redis.UniversalClient, cfg Config, providers []Pro
 	if cfg.Poll <= 0 {
 		cfg.Poll = 20 * time.Millisecond
 	}
-	n := &Notifier{st: st, rdb: rdb, q: &queue{rdb: rdb, prefix: cfg.Prefix, shards: cfg.Shards}, cfg: cfg, log: log,
+	n := &Notifier{st: st, rdb: rdb, q: newQueue(rdb, cfg.Prefix, cfg.Shards), cfg: cfg, log: log,
 		m: newMetrics(reg), providers: map[string]*pool{}, online: online,
 		events: make(chan eventlog.Committed, 65536), reads: make(chan string, 16384), results: make(chan result, 4096),
 		stop: make(chan struct{})}
@@ -273,8 +274,17 @@ func (n *Notifier) badgeUserJob(user string) put {
 	return put{ID: "b|" + user, Shard: n.q.shardOf(user), Due: now + wait, Seq: now, Ts: now, Body: jobBody{User: user}}
 }
 
+// idleLook: a shard with nothing due is looked at again when its next
+// job is due, when this process changed it, and at least this often (for
+// jobs another process queued and could not claim itself: it died).
+const idleLook = time.Second
+
 // shardLoop claims the shard's due jobs and handles them. While Redis
 // fails it backs off (up to a second) and logs the first failure only.
+// With nothing due it sleeps until the next job is due, this process
+// queues or finishes one of the shard's jobs, or idleLook passed, but at
+// least Poll: an idle server does not poll Redis 50 times a second per
+// shard.
 func (n *Notifier) shardLoop(shard int) {
 	defer n.loops.Done()
 	const batch = 256
@@ -286,9 +296,13 @@ func (n *Notifier) shardLoop(shard int) {
 		case <-n.stop:
 			return
 		case <-wait.C:
+		case <-n.q.wake[shard]:
+			wait.Stop() // (no stale fire is received after Stop)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), n.cfg.Lease/2)
-		jobs, err := n.q.claim(ctx, shard, time.Now(), n.cfg.Lease, batch)
+		now := time.Now()
+		jobs, next, err := n.q.claim(ctx, shard, now, n.cfg.Lease, batch)
+		n.m.claims.Inc()
 		if err != nil {
 			if fails == 0 {
 				n.log.Warn("claiming notification jobs; retrying", "shard", shard, "err", err)
@@ -307,7 +321,11 @@ func (n *Notifier) shardLoop(shard int) {
 		case len(jobs) == batch:
 			wait.Reset(0)
 		default:
-			wait.Reset(n.cfg.Poll)
+			d := idleLook
+			if !next.IsZero() {
+				d = min(d, next.Sub(now))
+			}
+			wait.Reset(max(d, n.cfg.Poll))
 		}
 	}
 }

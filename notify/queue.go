@@ -26,6 +26,26 @@ type queue struct {
 	rdb    redis.UniversalClient
 	prefix string
 	shards int
+	// wake[i] tells shard i's loop that this process changed its due
+	// set (put, finish), so that it looks again instead of sleeping
+	// until the next job it knew of.
+	wake []chan struct{}
+}
+
+func newQueue(rdb redis.UniversalClient, prefix string, shards int) *queue {
+	q := &queue{rdb: rdb, prefix: prefix, shards: shards, wake: make([]chan struct{}, shards)}
+	for i := range q.wake {
+		q.wake[i] = make(chan struct{}, 1)
+	}
+	return q
+}
+
+// changed wakes the loop of shard.
+func (q *queue) changed(shard int) {
+	select {
+	case q.wake[shard] <- struct{}{}:
+	default:
+	}
 }
 
 // Job kinds (the first letter of a job id).
@@ -107,26 +127,38 @@ func (q *queue) put(ctx context.Context, jobs []put, gap time.Duration) error {
 				j.ID, j.Due, j.Seq, j.Ts, string(b), mode, gap.Milliseconds())
 		}
 	})
+	for _, j := range jobs {
+		q.changed(j.Shard)
+	}
 	return err
 }
 
-// claim takes up to n due jobs of shard for lease.
-func (q *queue) claim(ctx context.Context, shard int, now time.Time, lease time.Duration, n int) ([]job, error) {
+// claim takes up to n due jobs of shard for lease, and says when the
+// shard's next job is due (zero if it has none).
+func (q *queue) claim(ctx context.Context, shard int, now time.Time, lease time.Duration, n int) ([]job, time.Time, error) {
 	res, err := scripts.NotifyClaim.Run(ctx, q.rdb, []string{q.dueKey(shard), q.jobsKey(shard)},
 		now.UnixMilli(), now.Add(lease).UnixMilli(), n).StringSlice()
 	if err != nil {
-		return nil, err
+		return nil, time.Time{}, err
 	}
+	if len(res) == 0 {
+		return nil, time.Time{}, fmt.Errorf("notify: claim returned nothing")
+	}
+	var next time.Time
+	if ms, err := strconv.ParseFloat(res[len(res)-1], 64); err == nil {
+		next = time.UnixMilli(int64(ms))
+	}
+	res = res[:len(res)-1]
 	jobs := make([]job, 0, len(res)/2)
 	for i := 0; i+1 < len(res); i += 2 {
 		j, err := parseJob(res[i], res[i+1])
 		if err != nil {
-			return nil, err
+			return nil, time.Time{}, err
 		}
 		j.Shard = shard
 		jobs = append(jobs, j)
 	}
-	return jobs, nil
+	return jobs, next, nil
 }
 
 func parseJob(id, v string) (job, error) {
@@ -178,6 +210,9 @@ func (q *queue) finish(ctx context.Context, ds []done, gap, keep time.Duration) 
 				j.ID, j.Seq, j.Count, d.Outcome, d.At.UnixMilli(), gap.Milliseconds(), keep.Milliseconds(), isMsg)
 		}
 	})
+	for _, d := range ds {
+		q.changed(d.Job.Shard)
+	}
 	return err
 }
 

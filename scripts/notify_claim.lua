@@ -7,7 +7,8 @@
 -- ARGV[1]  now (Unix ms)
 -- ARGV[2]  lease end (Unix ms)
 -- ARGV[3]  most jobs to take
--- Returns id1, value1, id2, value2, … (values as before the claim).
+-- Returns id1, value1, id2, value2, … (values as before the claim), and
+-- last when the shard's next job is due (Unix ms; "" if it has none).
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[3]))
 local out = {}
 for _, id in ipairs(ids) do
@@ -22,4 +23,6 @@ for _, id in ipairs(ids) do
     redis.call('ZREM', KEYS[1], id)
   end
 end
+local nxt = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+out[#out + 1] = nxt[2] or ''
 return out
