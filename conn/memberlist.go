@@ -32,9 +32,10 @@ type memberLists struct {
 
 	mu sync.Mutex
 	m  map[string]memberList // guarded by mu
-	// Counts forget calls (guarded by mu): a list read from PostgreSQL
-	// while one happened may be older than the change, and is not kept.
-	forgets uint64
+	// The conversations forgotten while the loader's statement ran
+	// (guarded by mu; nil when none runs): their lists as read may be
+	// older than the change, and are not kept.
+	forgotten map[string]struct{}
 	// The conversations to load, in order, and who waits for each
 	// (guarded by mu); loading: the loader runs.
 	pending []string
@@ -109,7 +110,7 @@ func (l *memberLists) loader() {
 		}
 		convs := slices.Clone(l.pending[:n])
 		l.pending = l.pending[n:]
-		forgets := l.forgets
+		l.forgotten = map[string]struct{}{}
 		l.mu.Unlock()
 
 		ctx, cancel := context.WithTimeout(context.Background(), memberLoadWait)
@@ -118,20 +119,20 @@ func (l *memberLists) loader() {
 		now := time.Now()
 
 		l.mu.Lock()
-		keep := err == nil && l.forgets == forgets
-		if keep {
+		if err == nil {
 			l.sweepLocked(now, len(convs))
 		}
 		waiters := make([][]func([]string, error), len(convs))
 		for i, c := range convs {
 			users := lists[c]
 			slices.Sort(users)
-			if keep {
+			if _, changed := l.forgotten[c]; err == nil && !changed {
 				l.m[c] = memberList{users: users, at: now}
 			}
 			waiters[i] = l.waiting[c]
 			delete(l.waiting, c)
 		}
+		l.forgotten = nil
 		l.mu.Unlock()
 		for i, c := range convs {
 			for _, done := range waiters[i] {
@@ -160,7 +161,9 @@ func (l *memberLists) sweepLocked(now time.Time, n int) {
 func (l *memberLists) forget(conv string) {
 	l.mu.Lock()
 	delete(l.m, conv)
-	l.forgets++
+	if l.forgotten != nil {
+		l.forgotten[conv] = struct{}{}
+	}
 	l.mu.Unlock()
 }
 

@@ -454,17 +454,17 @@ func (l *Log) Create(ctx context.Context, cs ...store.NewConversation) error {
 	if err := l.st.CreateConversations(ctx, cs, ts); err != nil {
 		return err
 	}
+	ids := make([]string, len(cs))
+	for i, c := range cs {
+		ids[i] = c.ID
+	}
+	l.joined(ctx, ids) // before the joins are pushed
 	for _, c := range cs {
 		if err := l.seqs.Reseed(ctx, c.ID); err != nil {
 			l.log.Warn("seeding seq counter", "conv", c.ID, "err", err)
 		}
 		l.committed(store.MembershipChange{Conv: c.ID, Actor: c.Actor, Seq: 1, Ts: ts}, store.KindJoin, c.Members, "", int64(len(c.Members)))
 	}
-	ids := make([]string, len(cs))
-	for i, c := range cs {
-		ids[i] = c.ID
-	}
-	l.joined(ctx, ids)
 	return nil
 }
 
