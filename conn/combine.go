@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/parley-im/parley/fanout"
 	"github.com/parley-im/parley/internal/backend"
 	"github.com/parley-im/parley/store"
 )
@@ -229,5 +230,16 @@ func (g *Gateway) initCombiners() {
 			return out, nil
 		},
 		sizes: g.metrics.combined.WithLabelValues("provision"),
+	}
+	// Each auth joins the online index of its user's big conversations:
+	// a statement and a pipeline per batch, not per device (in a
+	// reconnect storm, a query each queued behind the snapshot batches
+	// for the pool's connections, and auths waited seconds).
+	g.onlines = combiner[fanout.OnlineDevice, struct{}]{
+		g: g, workers: combineWorkers, max: authBatch,
+		run: func(ctx context.Context, devs []fanout.OnlineDevice) ([]struct{}, error) {
+			return make([]struct{}, len(devs)), g.deps.Online(ctx, devs)
+		},
+		sizes: g.metrics.combined.WithLabelValues("online"),
 	}
 }

@@ -45,9 +45,9 @@ type Deps struct {
 	Rows *fanout.Rows
 	// Mentions limits mention_all sends (nil: unlimited).
 	Mentions *MentionLimiter
-	// Online adds an authenticated connection to the online index of the
-	// user's big conversations (nil: none is kept).
-	Online func(ctx context.Context, user, device string, token int64) error
+	// Online adds authenticated connections to the online index of their
+	// users' big conversations (nil: none is kept).
+	Online func(ctx context.Context, devs []fanout.OnlineDevice) error
 	// Notify sends a frame to the user's online devices but one.
 	Notify func(ctx context.Context, user, exceptDevice string, frame []byte) error
 	// Notifications are the offline notifications (nil: none configured;
@@ -88,8 +88,9 @@ type Gateway struct {
 	notices      notices     // recent revocations and suspensions (lifecycle.go)
 	// Reads of many connections answered together (combine.go).
 	snapshots  combiner[store.SnapshotQuery, []store.SnapshotItem]
-	lookups    combiner[string, deviceLookup]         // auth: device id -> row
-	provisions combiner[store.NewLogin, deviceLookup] // JWT auth: create the user and device if new
+	lookups    combiner[string, deviceLookup]          // auth: device id -> row
+	provisions combiner[store.NewLogin, deviceLookup]  // JWT auth: create the user and device if new
+	onlines    combiner[fanout.OnlineDevice, struct{}] // auth: join the big conversations' online index
 
 	members         memberLists     // current members, for typing and receipts
 	pendingReceipts pendingReceipts // receipts waiting for their window
@@ -733,21 +734,30 @@ func (g *Gateway) Reregister(ctx context.Context) error {
 	g.mu.RUnlock()
 	failed := 0
 	var firstErr error
+	fail := func(n int, err error) {
+		failed += n
+		if firstErr == nil {
+			firstErr = err
+		}
+	}
+	var online []fanout.OnlineDevice
 	for _, s := range ss {
 		_, _, err := g.deps.Routes.Register(ctx, s.user, s.device, s.token)
-		if errors.Is(err, route.ErrFenced) {
+		switch {
+		case errors.Is(err, route.ErrFenced):
 			s.kickOut("replaced")
-			continue
+		case err != nil:
+			fail(1, err)
+		default:
+			online = append(online, fanout.OnlineDevice{User: s.user, Device: s.device, Token: s.token})
 		}
-		if err == nil && g.deps.Online != nil {
-			err = g.deps.Online(ctx, s.user, s.device, s.token)
+	}
+	for len(online) > 0 && g.deps.Online != nil {
+		n := min(len(online), authBatch)
+		if err := g.deps.Online(ctx, online[:n]); err != nil {
+			fail(n, err)
 		}
-		if err != nil {
-			failed++
-			if firstErr == nil {
-				firstErr = err
-			}
-		}
+		online = online[n:]
 	}
 	if failed > 0 {
 		g.log.Warn("re-registering routes", "connections", len(ss), "failed", failed, "err", firstErr)

@@ -211,7 +211,7 @@ func (g *Gateway) auth(ctx context.Context, s *Session, req *wire.Request) {
 		}
 	}
 	if g.deps.Online != nil {
-		if err := g.deps.Online(ctx, s.user, s.device, s.token); err != nil {
+		if _, err := g.onlines.do(ctx, fanout.OnlineDevice{User: s.user, Device: s.device, Token: s.token}); err != nil {
 			// Pushes of big groups miss this device until it reconnects;
 			// its sync and hints still find everything.
 			g.log.Warn("joining the online index", "device", s.device, "err", err)

@@ -171,17 +171,36 @@ func (f *Fanout) BeforeLeave(ctx context.Context, conv, user string) error {
 	return f.routes.RemoveOnlineEntries(ctx, es)
 }
 
-// Online is the online index of the conversations a device's user is a
-// current member of and that are in the big tiers: the gateway adds it
-// when the device authenticates.
-func (f *Fanout) Online(ctx context.Context, user, device string, token int64) error {
-	ps, err := f.st.BigMemberships(ctx, user, f.writeMax)
-	if err != nil || len(ps) == 0 {
+// OnlineDevice is a device that authenticated, with its route's fencing
+// token.
+type OnlineDevice struct {
+	User, Device string
+	Token        int64
+}
+
+// Online adds devices to the online index of the conversations their
+// users are current members of and that are in the big tiers: the
+// gateway adds each device when it authenticates, many at once (one
+// statement and one pipeline for a batch).
+func (f *Fanout) Online(ctx context.Context, devs []OnlineDevice) error {
+	users := make([]string, 0, len(devs))
+	seen := make(map[string]bool, len(devs))
+	for _, d := range devs {
+		if !seen[d.User] {
+			seen[d.User] = true
+			users = append(users, d.User)
+		}
+	}
+	big, err := f.st.BigMembershipsOf(ctx, users, f.writeMax)
+	if err != nil || len(big) == 0 {
 		return err
 	}
-	ms := make([]route.Membership, len(ps))
-	for i, p := range ps {
-		ms[i] = route.Membership{Conv: p.Conv, FromSeq: p.FromSeq}
+	var es []route.OnlineEntry
+	for _, d := range devs {
+		for _, p := range big[d.User] {
+			es = append(es, route.OnlineEntry{Conv: p.Conv, FromSeq: p.FromSeq,
+				Entry: route.Entry{User: d.User, Device: d.Device, Token: d.Token, Gateway: f.routes.Gateway(), Boot: f.routes.Boot()}})
+		}
 	}
-	return f.routes.AddOnline(ctx, user, device, token, ms)
+	return f.routes.AddOnlineEntries(ctx, es)
 }

@@ -26,21 +26,9 @@ import (
 // below it is never pushed to the device (membership periods bound what
 // a user receives).
 
-// Membership is a current membership period's start.
-type Membership struct {
-	Conv    string
-	FromSeq int64
-}
-
 func (t *Table) onlineKey(conv string) string { return t.prefix + "online:{" + conv + "}" }
 func (t *Table) onlineConvsKey(device string) string {
 	return t.prefix + "online-convs:{" + device + "}"
-}
-
-// AddOnline adds the connection (device, token) of user on this gateway to
-// the online index of each conversation.
-func (t *Table) AddOnline(ctx context.Context, user, device string, token int64, ms []Membership) error {
-	return t.AddOnlineEntries(ctx, entriesOf(user, device, token, t.gateway, t.boot, ms))
 }
 
 // OnlineEntry is one device's entry in one conversation's online index.
@@ -48,15 +36,6 @@ type OnlineEntry struct {
 	Conv string
 	Entry
 	FromSeq int64
-}
-
-func entriesOf(user, device string, token int64, gateway, boot string, ms []Membership) []OnlineEntry {
-	out := make([]OnlineEntry, len(ms))
-	for i, m := range ms {
-		out[i] = OnlineEntry{Conv: m.Conv, FromSeq: m.FromSeq,
-			Entry: Entry{User: user, Device: device, Token: token, Gateway: gateway, Boot: boot}}
-	}
-	return out
 }
 
 // AddOnlineEntries writes entries (of any gateway: fan-out adds the

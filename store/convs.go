@@ -347,20 +347,26 @@ type CurrentPeriod struct {
 	FromSeq int64
 }
 
-// BigMemberships returns user's current memberships of conversations with
-// at least minMembers members (the online and pull tiers).
-func (s *Store) BigMemberships(ctx context.Context, user string, minMembers int) ([]CurrentPeriod, error) {
-	rows, err := s.pool.Query(ctx, `SELECT m.conv_id, m.from_seq FROM membership_periods m
+// BigMembershipsOf returns, for each of users, its current membership
+// periods in conversations of at least minMembers members, in one
+// statement (users without any are not in the map).
+func (s *Store) BigMembershipsOf(ctx context.Context, users []string, minMembers int) (map[string][]CurrentPeriod, error) {
+	rows, err := s.pool.Query(ctx, `SELECT m.user_id, m.conv_id, m.from_seq FROM membership_periods m
 		JOIN conversations c ON c.conv_id = m.conv_id
-		WHERE m.user_id = $1 AND m.to_seq IS NULL AND c.member_count >= $2`, user, minMembers)
+		WHERE m.user_id = ANY($1) AND m.to_seq IS NULL AND c.member_count >= $2`, users, minMembers)
 	if err != nil {
 		return nil, err
 	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (CurrentPeriod, error) {
-		p := CurrentPeriod{User: user}
-		err := r.Scan(&p.Conv, &p.FromSeq)
-		return p, err
-	})
+	defer rows.Close()
+	out := map[string][]CurrentPeriod{}
+	for rows.Next() {
+		var p CurrentPeriod
+		if err := rows.Scan(&p.User, &p.Conv, &p.FromSeq); err != nil {
+			return nil, err
+		}
+		out[p.User] = append(out[p.User], p)
+	}
+	return out, rows.Err()
 }
 
 // CurrentMembers returns the current membership periods of conv.

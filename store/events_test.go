@@ -98,3 +98,44 @@ func TestCurrentMembersOf(t *testing.T) {
 		t.Fatalf("current members: %v", got)
 	}
 }
+
+// BigMembershipsOf returns each user's current periods in conversations
+// of at least the given size, for many users in one statement.
+func TestBigMembershipsOf(t *testing.T) {
+	env := parleytest.Start(t, parleytest.Config(t))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	env.User(t, "ana", 1)
+	env.User(t, "ben", 1)
+	env.User(t, "cy", 1)
+	env.Group(t, "big", "ana", "ben", "cy")
+	env.Group(t, "big2", "ana", "ben", "cy")
+	env.Group(t, "small", "ana", "ben")
+	if st := env.Admin(t, "DELETE", "/v1/conversations/big2/members/ben", nil, nil); st != 200 {
+		t.Fatalf("removing ben: status %d", st)
+	}
+	st, err := store.Open(ctx, env.Cfg.PostgresURL, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	got, err := st.BigMembershipsOf(ctx, []string{"ana", "ben", "cy", "nobody"}, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	convs := func(user string) []string {
+		var cs []string
+		for _, p := range got[user] {
+			if p.User != user || p.FromSeq != 1 {
+				t.Errorf("period %+v of %s", p, user)
+			}
+			cs = append(cs, p.Conv)
+		}
+		slices.Sort(cs)
+		return cs
+	}
+	// big2 has 2 members after ben left: not big any more.
+	if len(got) != 3 || !slices.Equal(convs("ana"), []string{"big"}) || !slices.Equal(convs("ben"), []string{"big"}) || !slices.Equal(convs("cy"), []string{"big"}) {
+		t.Fatalf("big memberships: %v", got)
+	}
+}
