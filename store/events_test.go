@@ -11,24 +11,32 @@ import (
 	"github.com/parley-im/parley/test/parleytest"
 )
 
+// startStore starts a server with users ana, ben and cy (a device each)
+// and opens a store of its database; ctx ends with the test.
+func startStore(t *testing.T) (*parleytest.Env, *store.Store, context.Context) {
+	t.Helper()
+	env := parleytest.Start(t, parleytest.Config(t))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	for _, u := range []string{"ana", "ben", "cy"} {
+		env.User(t, u, 1)
+	}
+	st, err := store.Open(ctx, env.Cfg.PostgresURL, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	return env, st, ctx
+}
+
 // InsertMessages tries a plain INSERT first and, when any row conflicts
 // with a stored one, runs the batch again tolerating conflicts. Either way
 // every row gets its own answer: here one batch holds new rows, a resend
 // of a stored cmid, the same cmid twice, a seq already taken and a sender
 // who is not a member.
 func TestInsertMessagesConflictsInOneBatch(t *testing.T) {
-	env := parleytest.Start(t, parleytest.Config(t))
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	env.User(t, "ana", 1)
-	env.User(t, "ben", 1)
-	env.User(t, "cy", 1)
+	env, st, ctx := startStore(t)
 	env.Group(t, "g", "ana", "ben") // seq 1
-	st, err := store.Open(ctx, env.Cfg.PostgresURL, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
 	msg := func(sender, cmid string, seq int64) store.NewMessage {
 		return store.NewMessage{Conv: "g", Sender: sender, Cmid: cmid, Body: []byte(cmid), Seq: seq, Ts: 1000 + seq}
 	}
@@ -71,22 +79,12 @@ func TestInsertMessagesConflictsInOneBatch(t *testing.T) {
 // statement: not those who left, nothing for a conversation without any
 // or that does not exist.
 func TestCurrentMembersOf(t *testing.T) {
-	env := parleytest.Start(t, parleytest.Config(t))
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	env.User(t, "ana", 1)
-	env.User(t, "ben", 1)
-	env.User(t, "cy", 1)
+	env, st, ctx := startStore(t)
 	env.Group(t, "g", "ana", "ben", "cy")
 	env.Group(t, "h", "ana", "ben")
 	if st := env.Admin(t, "DELETE", "/v1/conversations/g/members/ben", nil, nil); st != 200 {
 		t.Fatalf("removing ben: status %d", st)
 	}
-	st, err := store.Open(ctx, env.Cfg.PostgresURL, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
 	got, err := st.CurrentMembersOf(ctx, []string{"g", "h", "nope"})
 	if err != nil {
 		t.Fatal(err)
@@ -102,23 +100,13 @@ func TestCurrentMembersOf(t *testing.T) {
 // BigMembershipsOf returns each user's current periods in conversations
 // of at least the given size, for many users in one statement.
 func TestBigMembershipsOf(t *testing.T) {
-	env := parleytest.Start(t, parleytest.Config(t))
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	env.User(t, "ana", 1)
-	env.User(t, "ben", 1)
-	env.User(t, "cy", 1)
+	env, st, ctx := startStore(t)
 	env.Group(t, "big", "ana", "ben", "cy")
 	env.Group(t, "big2", "ana", "ben", "cy")
 	env.Group(t, "small", "ana", "ben")
 	if st := env.Admin(t, "DELETE", "/v1/conversations/big2/members/ben", nil, nil); st != 200 {
 		t.Fatalf("removing ben: status %d", st)
 	}
-	st, err := store.Open(ctx, env.Cfg.PostgresURL, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
 	got, err := st.BigMembershipsOf(ctx, []string{"ana", "ben", "cy", "nobody"}, 3)
 	if err != nil {
 		t.Fatal(err)
