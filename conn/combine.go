@@ -159,6 +159,9 @@ const (
 	// snapshotBatchItems is the most conversations one snapshot statement
 	// covers (a lone request of up to maxSnapshot always runs).
 	snapshotBatchItems = 2000
+	// memberLoadMax is the most conversations one member-list read
+	// covers (typing and receipts).
+	memberLoadMax = 1000
 	// authBatch is the most devices one auth lookup reads.
 	authBatch = 256
 	// combineWorkers is how many statements of each kind may run at once.
@@ -230,6 +233,13 @@ func (g *Gateway) initCombiners() {
 			return out, nil
 		},
 		sizes: g.metrics.combined.WithLabelValues("provision"),
+	}
+	g.members.loads = combiner[string, []string]{
+		g: g, workers: combineWorkers, max: memberLoadMax,
+		run: func(ctx context.Context, convs []string) ([][]string, error) {
+			return g.members.read(ctx, g.deps.Store, convs)
+		},
+		sizes: g.metrics.combined.WithLabelValues("members"),
 	}
 	// Each auth joins the online index of its user's big conversations:
 	// a statement and a pipeline per batch, not per device (in a

@@ -132,7 +132,7 @@ func New(cfg config.Config, deps Deps, log *slog.Logger, reg prometheus.Register
 		booted:    make(chan struct{}), stopping: make(chan struct{}),
 		sessions: map[*Session]struct{}{}, devices: map[string]*Session{},
 	}
-	g.members.st, g.members.spawn = deps.Store, g.goroutine
+	g.members.spawn = g.goroutine
 	g.initCombiners()
 	g.proxyOn = cfg.ProxyProtocol == "on"
 	g.proxyTrusted, _ = cfg.ProxyTrustedPrefixes() // checked by cfg.Validate

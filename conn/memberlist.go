@@ -19,28 +19,22 @@ import (
 // with 2 s, 8,000 groups typing cost 4,000 queries/s, half of parleyd's
 // CPU and half a core of PostgreSQL.
 //
-// Lists not cached are loaded in batches, one statement for every
-// conversation asked for meanwhile, by a loader goroutine, and the asker
-// is called back: a connection never waits for PostgreSQL to relay a
-// typing frame, and after a restart, with every list to load at once,
-// thousands of conversations cost a few statements a second instead of a
-// query each (8,000 groups took seconds, and typing frames waited as
-// long).
+// Lists not cached are read by the gateway's combined reads (loads: one
+// statement for every conversation asked for meanwhile), and a typing
+// frame waits for its list on a goroutine of its own, not on its
+// connection: after a restart, with every list to read at once,
+// thousands of conversations cost a few statements instead of a query
+// each (8,000 groups took seconds, and typing frames waited as long).
 type memberLists struct {
-	st    *store.Store
-	spawn func(func()) // starts the loader (Gateway.goroutine)
+	loads combiner[string, []string] // set by initCombiners
+	spawn func(func())               // starts a goroutine (Gateway.goroutine)
 
 	mu sync.Mutex
 	m  map[string]memberList // guarded by mu
-	// The conversations forgotten while the loader's statement ran
-	// (guarded by mu; nil when none runs): their lists as read may be
-	// older than the change, and are not kept.
-	forgotten map[string]struct{}
-	// The conversations to load, in order, and who waits for each
-	// (guarded by mu); loading: the loader runs.
-	pending []string
-	waiting map[string][]func([]string, error)
-	loading bool
+	// One set per statement running (guarded by mu): the conversations
+	// forgotten while it ran, whose lists as read may be older than the
+	// change and are not kept.
+	reading map[*map[string]struct{}]struct{}
 }
 
 type memberList struct {
@@ -49,97 +43,77 @@ type memberList struct {
 }
 
 const (
-	memberListTTL  = 30 * time.Second
-	memberListMax  = 100000 // entries kept before old ones are swept
-	memberLoadMax  = 1000   // conversations loaded by one statement
-	memberLoadWait = 10 * time.Second
+	memberListTTL = 30 * time.Second
+	memberListMax = 100000 // entries kept before old ones are swept
 )
+
+// cached returns conv's list if it is cached and fresh.
+func (l *memberLists) cached(conv string, now time.Time) ([]string, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	e, ok := l.m[conv]
+	if !ok || now.Sub(e.at) >= memberListTTL {
+		return nil, false
+	}
+	return e.users, true
+}
 
 // load calls done with conv's current members (sorted; none for a
 // conversation that does not exist): at once if they are cached, else
-// from the loader's goroutine once they are loaded.
+// from a goroutine of its own once they are read.
 func (l *memberLists) load(conv string, now time.Time, done func([]string, error)) {
-	l.mu.Lock()
-	if e, ok := l.m[conv]; ok && now.Sub(e.at) < memberListTTL {
-		l.mu.Unlock()
-		done(e.users, nil)
+	if users, ok := l.cached(conv, now); ok {
+		done(users, nil)
 		return
 	}
-	if l.waiting == nil {
-		l.waiting = map[string][]func([]string, error){}
-	}
-	if len(l.waiting[conv]) == 0 {
-		l.pending = append(l.pending, conv)
-	}
-	l.waiting[conv] = append(l.waiting[conv], done)
-	start := !l.loading
-	l.loading = true
-	l.mu.Unlock()
-	if start {
-		l.spawn(l.loader)
-	}
+	l.spawn(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), memberLoadWait)
+		defer cancel()
+		done(l.loads.do(ctx, conv))
+	})
 }
 
-// get returns conv's current members, waiting for them to be loaded if
+// memberLoadWait bounds how long a relay waits for its list.
+const memberLoadWait = 10 * time.Second
+
+// get returns conv's current members, waiting for them to be read if
 // they are not cached.
 func (l *memberLists) get(ctx context.Context, conv string, now time.Time) ([]string, error) {
-	type result struct {
-		users []string
-		err   error
+	if users, ok := l.cached(conv, now); ok {
+		return users, nil
 	}
-	ch := make(chan result, 1)
-	l.load(conv, now, func(users []string, err error) { ch <- result{users, err} })
-	select {
-	case r := <-ch:
-		return r.users, r.err
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
+	return l.loads.do(ctx, conv)
 }
 
-// loader loads the pending conversations, a batch per statement, until
-// none is left.
-func (l *memberLists) loader() {
-	for {
-		l.mu.Lock()
-		n := min(len(l.pending), memberLoadMax)
-		if n == 0 {
-			l.loading = false
-			l.mu.Unlock()
-			return
-		}
-		convs := slices.Clone(l.pending[:n])
-		l.pending = l.pending[n:]
-		l.forgotten = map[string]struct{}{}
-		l.mu.Unlock()
-
-		ctx, cancel := context.WithTimeout(context.Background(), memberLoadWait)
-		lists, err := l.st.CurrentMembersOf(ctx, convs)
-		cancel()
-		now := time.Now()
-
-		l.mu.Lock()
-		if err == nil {
-			l.sweepLocked(now, len(convs))
-		}
-		waiters := make([][]func([]string, error), len(convs))
-		for i, c := range convs {
-			users := lists[c]
-			slices.Sort(users)
-			if _, changed := l.forgotten[c]; err == nil && !changed {
-				l.m[c] = memberList{users: users, at: now}
-			}
-			waiters[i] = l.waiting[c]
-			delete(l.waiting, c)
-		}
-		l.forgotten = nil
-		l.mu.Unlock()
-		for i, c := range convs {
-			for _, done := range waiters[i] {
-				done(lists[c], err)
-			}
-		}
+// read is the combined read: the lists of convs in one statement, kept
+// in the cache unless forgotten meanwhile.
+func (l *memberLists) read(ctx context.Context, st *store.Store, convs []string) ([][]string, error) {
+	forgotten := map[string]struct{}{}
+	l.mu.Lock()
+	if l.reading == nil {
+		l.reading = map[*map[string]struct{}]struct{}{}
 	}
+	l.reading[&forgotten] = struct{}{}
+	l.mu.Unlock()
+	lists, err := st.CurrentMembersOf(ctx, convs)
+	now := time.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.reading, &forgotten)
+	if err != nil {
+		return nil, err
+	}
+	l.sweepLocked(now, len(convs))
+	out := make([][]string, len(convs))
+	for i, c := range convs {
+		users := lists[c]
+		slices.Sort(users)
+		if _, changed := forgotten[c]; !changed {
+			l.m[c] = memberList{users: users, at: now}
+		}
+		out[i] = users
+	}
+	return out, nil
 }
 
 // sweepLocked makes room for n more entries. l.mu is held.
@@ -161,8 +135,8 @@ func (l *memberLists) sweepLocked(now time.Time, n int) {
 func (l *memberLists) forget(conv string) {
 	l.mu.Lock()
 	delete(l.m, conv)
-	if l.forgotten != nil {
-		l.forgotten[conv] = struct{}{}
+	for set := range l.reading {
+		(*set)[conv] = struct{}{}
 	}
 	l.mu.Unlock()
 }

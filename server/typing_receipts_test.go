@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/parley-im/parley/client"
 	"github.com/parley-im/parley/test/parleytest"
 	"github.com/parley-im/parley/wire"
 )
@@ -42,6 +43,18 @@ func noFrame(t *testing.T, frames chan wire.Message, d time.Duration, what strin
 	}
 }
 
+// mustType writes a typing frame for conv on c.
+func mustType(t *testing.T, c *client.Conn, conv string) {
+	t.Helper()
+	if err := c.Typing(conv); err != nil {
+		t.Fatalf("typing %s: %v", conv, err)
+	}
+}
+
+func isEvent(conv, kind string) func(wire.Message) bool {
+	return func(m wire.Message) bool { return m.T == wire.TPush && m.Conv == conv && m.Kind == kind }
+}
+
 func isTyping(conv, user string) func(wire.Message) bool {
 	return func(m wire.Message) bool { return m.T == wire.TTyping && m.Conv == conv && m.User == user }
 }
@@ -68,34 +81,24 @@ func TestTyping(t *testing.T) {
 	co, fo := dial(t, env, out)
 	head := headOf(t, env, "g")
 
-	if err := ca.Typing("g"); err != nil {
-		t.Fatal(err)
-	}
+	mustType(t, ca, "g")
 	nextFrame(t, fb, 5*time.Second, "typing on ben's device", isTyping("g", "ana"))
 	nextFrame(t, fc, 5*time.Second, "typing on cy's device", isTyping("g", "ana"))
 	// A flood within 2 s: dropped.
 	for range 20 {
-		if err := ca.Typing("g"); err != nil {
-			t.Fatal(err)
-		}
+		mustType(t, ca, "g")
 	}
 	noFrame(t, fb, 500*time.Millisecond, "a second typing within 2 s", isTyping("g", "ana"))
 	noFrame(t, fa2, 0, "typing on the typist's other device", isTyping("g", "ana"))
 	time.Sleep(2 * time.Second) // the interval passing is what is tested
-	if err := ca.Typing("g"); err != nil {
-		t.Fatal(err)
-	}
+	mustType(t, ca, "g")
 	nextFrame(t, fb, 5*time.Second, "typing after 2 s", isTyping("g", "ana"))
 
 	// In the online tier: skipped, no error.
-	if err := ca.Typing("big"); err != nil {
-		t.Fatal(err)
-	}
+	mustType(t, ca, "big")
 	noFrame(t, fb, 500*time.Millisecond, "typing in an online-tier conversation", isTyping("big", "ana"))
 	// A non-member: NOT_MEMBER (a frame without rid).
-	if err := co.Typing("g"); err != nil {
-		t.Fatal(err)
-	}
+	mustType(t, co, "g")
 	m := nextFrame(t, fo, 5*time.Second, "NOT_MEMBER for typing", func(m wire.Message) bool { return m.T == wire.TError })
 	if m.Code != wire.NotMember {
 		t.Fatalf("typing by a non-member: %+v", m)
@@ -223,7 +226,8 @@ func TestReceipts(t *testing.T) {
 // receipts) for long, so a join or a removal on any gateway must drop it
 // on every gateway at once: a new member's typing is relayed (not refused
 // as NOT_MEMBER) and the others' reaches it, and a removed member's
-// devices get none, right after the change was answered. Two gateways
+// devices get none, once the change's event reached the gateway (the
+// bus carries the notice before the event's push). Two gateways
 // share PostgreSQL and Redis; each change is made through the other
 // gateway's admin API than the one whose cache it must drop.
 func TestTypingFollowsMembership(t *testing.T) {
@@ -242,13 +246,9 @@ func TestTypingFollowsMembership(t *testing.T) {
 
 	// Both gateways now hold g's list: {ana, ben}.
 	first := time.Now()
-	if err := ca.Typing("g"); err != nil {
-		t.Fatal(err)
-	}
+	mustType(t, ca, "g")
 	nextFrame(t, fb, 5*time.Second, "ana's typing on ben's device", isTyping("g", "ana"))
-	if err := cb.Typing("g"); err != nil {
-		t.Fatal(err)
-	}
+	mustType(t, cb, "g")
 	nextFrame(t, fa, 5*time.Second, "ben's typing on ana's device", isTyping("g", "ben"))
 
 	// cy joins through gateway 1: gateway 2 relays cy's typing at once.
@@ -256,9 +256,10 @@ func TestTypingFollowsMembership(t *testing.T) {
 	if st := gw1.Admin(t, "POST", "/v1/conversations/g/members", map[string]any{"users": []string{"cy"}}, &add); st != http.StatusOK {
 		t.Fatalf("adding cy: status %d", st)
 	}
-	if err := cc.Typing("g"); err != nil {
-		t.Fatal(err)
-	}
+	// The admin call's reply may reach the test before gateway 2 heard
+	// the notice; the join's push to cy's device comes after it.
+	nextFrame(t, fc, 5*time.Second, "the join on cy's device", isEvent("g", wire.KindJoin))
+	mustType(t, cc, "g")
 	nextFrame(t, fa, 5*time.Second, "the new member's typing on ana's device", isTyping("g", "cy"))
 	noFrame(t, fc, 300*time.Millisecond, "an error for the new member's typing", func(m wire.Message) bool { return m.T == wire.TError })
 
@@ -267,10 +268,9 @@ func TestTypingFollowsMembership(t *testing.T) {
 	if st := gw2.Admin(t, "DELETE", "/v1/conversations/g/members/ben", nil, nil); st != http.StatusOK {
 		t.Fatalf("removing ben: status %d", st)
 	}
+	nextFrame(t, fa, 5*time.Second, "ben's leave on ana's device", isEvent("g", wire.KindLeave))
 	time.Sleep(time.Until(first.Add(2100 * time.Millisecond))) // ana's typing interval passing
-	if err := ca.Typing("g"); err != nil {
-		t.Fatal(err)
-	}
+	mustType(t, ca, "g")
 	nextFrame(t, fc, 5*time.Second, "ana's typing on the new member's device", isTyping("g", "ana"))
 	noFrame(t, fb, 500*time.Millisecond, "typing on the removed member's device", isTyping("g", "ana"))
 }
