@@ -239,8 +239,8 @@ const unreadTotalsSQL = `SELECT k.usr, coalesce(t.n, 0)::bigint
         SELECT sum(x.unread) AS n
           FROM (SELECT p.conv_id, coalesce(rp.read_seq, 0) AS r
                   FROM (SELECT DISTINCT conv_id FROM membership_periods WHERE user_id = k.usr) p
+                  JOIN conversations cv ON cv.conv_id = p.conv_id
                   LEFT JOIN read_positions rp ON rp.user_id = k.usr AND rp.conv_id = p.conv_id
-                 WHERE (SELECT e.seq FROM conversations cv JOIN events e ON e.conv_key = cv.conv_key
-                         WHERE cv.conv_id = p.conv_id ORDER BY e.seq DESC LIMIT 1) > coalesce(rp.read_seq, 0)
+                 WHERE (SELECT max(e.seq) FROM events e WHERE e.conv_key = cv.conv_key) > coalesce(rp.read_seq, 0)
                 OFFSET 0) c
           CROSS JOIN LATERAL parley_unread_of(c.conv_id, k.usr, c.r) x) t ON true`
