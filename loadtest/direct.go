@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -12,6 +13,12 @@ import (
 // send k goes out from device k mod 2·Pairs, so the aggregate is
 // cfg.Rate and every device sends at cfg.Rate / (2·Pairs). Every
 // confirmed send is owed exactly one push, to the partner's device.
+//
+// With Phones every user also has a phone that is registered for
+// notifications and never connects, so each message is notified to the
+// receiver's phone (collapsed per notify_delay); the connected devices
+// are registered too, and ack in time. The sink's count is reported;
+// what is measured is the send path beside that work.
 func runDirect(ctx context.Context, r *runner) error {
 	if err := r.checkFDs(); err != nil {
 		return err
@@ -25,12 +32,31 @@ func runDirect(ctx context.Context, r *runner) error {
 		users[i] = r.cfg.Prefix + "u" + strconv.Itoa(i)
 		devs[i] = Device{ID: r.cfg.Prefix + "d" + strconv.Itoa(i), User: users[i]}
 	}
+	if r.cfg.Phones {
+		for i := range users {
+			devs = append(devs, Device{ID: r.cfg.Prefix + "p" + strconv.Itoa(i), User: users[i]})
+		}
+	}
 	if err := r.admin.Users(ctx, users); err != nil {
 		return fmt.Errorf("provisioning users: %w", err)
 	}
 	devs, err := r.admin.Devices(ctx, devs)
 	if err != nil {
 		return fmt.Errorf("provisioning devices: %w", err)
+	}
+	var sink *notifySink
+	if r.cfg.Phones {
+		var closeSink func()
+		if sink, closeSink, err = r.startSink(); err != nil {
+			return err
+		}
+		defer closeSink()
+		t0 := time.Now()
+		if err := r.registerReceivers(ctx, devs, func(int) []string { return nil }); err != nil {
+			return err
+		}
+		fmt.Fprintf(r.cfg.Out, "registered %d devices (%d phones, never connected) in %s\n", len(devs), n, time.Since(t0).Round(time.Millisecond))
+		devs = devs[:n]
 	}
 	specs := make([]ConvSpec, p)
 	for i := range specs {
@@ -63,5 +89,17 @@ func runDirect(ctx context.Context, r *runner) error {
 		i := int(k % int64(n))
 		conns[i].send(convOf[i], k, intended)
 	})
+	if sink != nil {
+		// The connected devices ack the last pushes as a client does;
+		// the phones' notifications of the last sends are due
+		// notify_delay after their commits.
+		r.keepAcking(conns)
+		select {
+		case <-time.After(r.cfg.NotifyDelay + time.Second):
+		case <-ctx.Done():
+		}
+		phone := r.cfg.Prefix + "p" // only phones are owed notifications
+		r.report.Notify = sink.report(func(key string) bool { return strings.HasPrefix(key, phone) })
+	}
 	return nil
 }

@@ -91,7 +91,11 @@ type Config struct {
 	Prefix      string         // id prefix of this run (default: random)
 
 	// Scenario direct.
-	Pairs    int // pairs of users, one device each (default 100)
+	Pairs int // pairs of users, one device each (default 100)
+	// Phones (direct): each user also has a phone, a device registered
+	// for notifications with the tool's webhook sink and never connected
+	// (see NotifySink); the connected devices register too.
+	Phones   bool
 	BodySize int // message body bytes, at least 8 (default 100)
 
 	// Scenario group: Groups groups of Size members, one device each.
@@ -228,6 +232,8 @@ func (c *Config) setDefaults() {
 		if c.Senders == 0 {
 			c.Senders = 20
 		}
+	}
+	if c.Scenario == "notify" || c.Phones {
 		if c.NotifySink == "" {
 			c.NotifySink = "127.0.0.1:9099"
 		}
@@ -353,6 +359,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Pairs < 1 || c.Pairs > MaxPairs {
 		bad("pairs must be 1 to %d", MaxPairs)
+	}
+	if c.Phones && c.Scenario != "direct" {
+		bad("phones applies to scenario direct only")
 	}
 	if c.Scenario == "typing" {
 		// Members are not connections here: each device is in many groups.

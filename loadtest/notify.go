@@ -115,18 +115,11 @@ func runNotify(ctx context.Context, r *runner) error {
 	if gap := time.Duration(float64(cfg.Groups) / cfg.Rate * float64(time.Second)); gap < cfg.NotifyDelay+500*time.Millisecond {
 		r.note("each group gets a message every %s, under notify_delay + 500ms (%s): notifications collapse and count as missing", gap, cfg.NotifyDelay+500*time.Millisecond)
 	}
-	sink := &notifySink{secret: []byte(cfg.NotifySecret), clk: r.clk, lat: NewHist(), keys: map[string]int{}}
-	ln, err := net.Listen("tcp", cfg.NotifySink)
+	sink, closeSink, err := r.startSink()
 	if err != nil {
-		return fmt.Errorf("notify sink: %w", err)
+		return err
 	}
-	srv := &http.Server{Handler: sink, ReadHeaderTimeout: 10 * time.Second}
-	r.goroutine(func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			r.note("notify sink: %v", err)
-		}
-	})
-	defer srv.Close()
+	defer closeSink()
 
 	t0 := time.Now()
 	senders := make([]Device, cfg.Senders)
@@ -242,24 +235,8 @@ func runNotify(ctx context.Context, r *runner) error {
 		conns[g%cfg.Senders].send(convs[g].ID, k, intended)
 	})
 
-	// The acking receivers go on acking what they hold for half of
-	// notify_delay after the load (the load's acks stop with it), as a
-	// connected device keeps doing: pushes of the last commits may still
-	// be arriving, and one acked only after notify_delay is notified.
-	if cfg.AckDelay > 0 {
-		r.acking.Store(true)
-		end := time.Now().Add(max(cfg.NotifyDelay/2, 100*time.Millisecond))
-		for {
-			for _, c := range conns[cfg.Senders:] {
-				c.flushAcks()
-			}
-			if !time.Now().Before(end) {
-				break
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		r.acking.Store(false)
-	}
+	// The acking receivers go on acking after the load.
+	r.keepAcking(conns[cfg.Senders:])
 	// The notifications owed: each confirmed send, to each offline,
 	// unmuted receiver of its group.
 	want := map[string]bool{}
@@ -325,6 +302,69 @@ func runNotify(ctx context.Context, r *runner) error {
 	nr.LatencyMs = Summarize(sink.lat.Total())
 	r.report.Notify = nr
 	return nil
+}
+
+// keepAcking has conns go on acking what they hold for half of
+// notify_delay after the load (the load's acks stop with it), as a
+// connected device keeps doing: pushes of the last commits may still be
+// arriving, and one acked only after notify_delay is notified.
+func (r *runner) keepAcking(conns []*Conn) {
+	if r.cfg.AckDelay <= 0 {
+		return
+	}
+	r.acking.Store(true)
+	end := time.Now().Add(max(r.cfg.NotifyDelay/2, 100*time.Millisecond))
+	for {
+		for _, c := range conns {
+			c.flushAcks()
+		}
+		if !time.Now().Before(end) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	r.acking.Store(false)
+}
+
+// startSink starts the webhook sink on cfg.NotifySink; the func stops it.
+func (r *runner) startSink() (*notifySink, func(), error) {
+	sink := &notifySink{secret: []byte(r.cfg.NotifySecret), clk: r.clk, lat: NewHist(), keys: map[string]int{}}
+	ln, err := net.Listen("tcp", r.cfg.NotifySink)
+	if err != nil {
+		return nil, nil, fmt.Errorf("notify sink: %w", err)
+	}
+	srv := &http.Server{Handler: sink, ReadHeaderTimeout: 10 * time.Second}
+	r.goroutine(func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			r.note("notify sink: %v", err)
+		}
+	})
+	return sink, func() { _ = srv.Close() }, nil
+}
+
+// report is what the sink received, without an exact owed set
+// (direct -phones, where collapsing decides which seqs are notified):
+// notifications whose idempotency key (device:conv:seq) expected refuses
+// count as unexpected.
+func (s *notifySink) report(expected func(key string) bool) *NotifyReport {
+	nr := &NotifyReport{BadSig: s.badSig.Load(), Collapsed: s.counts.Load()}
+	s.mu.Lock()
+	for k, n := range s.keys {
+		nr.Received++
+		nr.Duplicates += int64(n - 1)
+		if !expected(k) {
+			nr.Unexpected++
+			if len(nr.UnexpectedSample) < 10 {
+				nr.UnexpectedSample = append(nr.UnexpectedSample, k)
+			}
+		}
+	}
+	if s.last > s.first {
+		nr.PerS = round3(float64(s.n.Load()) / (float64(s.last-s.first) / 1e9))
+	}
+	s.mu.Unlock()
+	nr.LatencyMs = Summarize(s.lat.Total())
+	return nr
 }
 
 // registerReceivers connects each receiver once, registers its webhook

@@ -180,6 +180,11 @@ func (rep *Report) WriteTable(w io.Writer) {
 				n.Expected, n.Received, n.Missing, n.Duplicates, n.Unexpected, n.BadSig, n.Collapsed, n.PerS)
 			fmt.Fprintf(w, "commit → sink ms: p50 %.1f  p90 %.1f  p99 %.1f  max %.1f\n", n.LatencyMs.P50, n.LatencyMs.P90, n.LatencyMs.P99, n.LatencyMs.Max)
 		}
+	case "direct":
+		if n := rep.Notify; n != nil {
+			fmt.Fprintf(w, "phones: %d notifications at the sink (%.0f/s), %d duplicates, %d to connected devices, %d bad signatures; commit → sink ms: p50 %.1f  p99 %.1f\n",
+				n.Received, n.PerS, n.Duplicates, n.Unexpected, n.BadSig, n.LatencyMs.P50, n.LatencyMs.P99)
+		}
 	case "typing":
 		if t := rep.Typing; t != nil {
 			fmt.Fprintf(w, "%d devices in %d groups of %d (%d groups each): typing frames written %d (%.0f/s), received %d (%.0f/s)\n",

@@ -369,6 +369,30 @@ func TestNotify(t *testing.T) {
 	}
 }
 
+// TestDirectPhones runs scenario direct with -phones: every user's phone
+// (registered, never connected) is notified, the connected devices (which
+// ack in time) are not, and the sends are all confirmed and delivered.
+func TestDirectPhones(t *testing.T) {
+	cfg := parleytest.Config(t)
+	sink := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+	cfg.NotifyWebhookURL, cfg.NotifyWebhookSecret = "http://"+sink+"/hook", "sek"
+	cfg.NotifyDelay, cfg.AckCoalesce = 500*time.Millisecond, 0
+	env := parleytest.Start(t, cfg)
+	rep := runScenario(t, env, Config{Scenario: "direct", Rate: 40, Duration: 1500 * time.Millisecond, Pairs: 5, Phones: true,
+		NotifySink: sink, NotifySecret: "sek", NotifyDelay: cfg.NotifyDelay})
+	n := rep.Notify
+	// Each of the 10 users received messages, so each phone was notified
+	// at least once (collapsed: at most one per notify_delay and
+	// conversation, plus the first).
+	if n == nil || n.Received < 10 || n.Received > 10*(1+int64(1500*time.Millisecond/cfg.NotifyDelay)+1) ||
+		n.Unexpected != 0 || n.BadSig != 0 || n.Duplicates != 0 || rep.Failed() {
+		t.Fatalf("notifications %+v", n)
+	}
+	if rep.Confirmed != 60 || rep.Lost != 0 || rep.Connections != 10 {
+		t.Fatalf("confirmed %d lost %d connections %d", rep.Confirmed, rep.Lost, rep.Connections)
+	}
+}
+
 // TestTyping runs scenario typing: 40 devices in 40 groups of 4, each
 // device typing in its 4 groups in turn at 1.5 frames/s (under the
 // server's one per device and conversation per 2 s), after a warm-up: the

@@ -17,6 +17,9 @@
 #             postmaster with its backends all on core 0); default: only
 #             parleyd on core 0 (PostgreSQL and Redis float)
 #   SERVER_ENV extra environment for parleyd (e.g. "PARLEY_COMMIT_LINGER=1ms")
+#   SERVER_ENV_A, SERVER_ENV_B
+#             that side's instead of SERVER_ENV: with A=B the same build
+#             configured two ways (e.g. with and without notifications)
 #   TRANSPORT_A, TRANSPORT_B
 #             tcp (default) or ws: how that side's load connects (ws: to
 #             the server's ws_listen with -transport ws); with A=B the
@@ -33,6 +36,8 @@ LOAD_A=${LOAD_A:-$LOAD}
 LOAD_B=${LOAD_B:-$LOAD}
 ONECORE=${ONECORE:-0}
 SERVER_ENV=${SERVER_ENV:-}
+SERVER_ENV_A=${SERVER_ENV_A:-$SERVER_ENV}
+SERVER_ENV_B=${SERVER_ENV_B:-$SERVER_ENV}
 TRANSPORT_A=${TRANSPORT_A:-tcp}
 TRANSPORT_B=${TRANSPORT_B:-tcp}
 OUT=${OUT:-$(mktemp -d /tmp/parley-ab.XXXXXX)}
@@ -57,7 +62,7 @@ build() { # build REV DIR: parleyd of REV ("." = the working tree) into DIR
 build "$A" "$OUT/A"
 build "$B" "$OUT/B"
 go build -o "$OUT/parley-load" ./cmd/parley-load
-echo "A = $(cat "$OUT/A/rev") over $TRANSPORT_A, B = $(cat "$OUT/B/rev") over $TRANSPORT_B, load: A $LOAD_A, B $LOAD_B, one-core: $ONECORE" | tee "$OUT/what.txt"
+echo "A = $(cat "$OUT/A/rev") over $TRANSPORT_A, B = $(cat "$OUT/B/rev") over $TRANSPORT_B, load: A $LOAD_A, B $LOAD_B, one-core: $ONECORE, server env: A $SERVER_ENV_A, B $SERVER_ENV_B" | tee "$OUT/what.txt"
 
 . "$(dirname "$0")/benchenv.sh"
 # The commit and PING probes run beside every run (docs/loadtest.md).
@@ -88,14 +93,14 @@ run() { # run SIDE N
   local dburl="${base%%\?*}"
   dburl="${dburl%/*}/$db?sslmode=disable"
   local port=$((20000 + RANDOM % 12000))
-  local transport=$TRANSPORT_A load=$LOAD_A
-  [ "$side" = B ] && transport=$TRANSPORT_B load=$LOAD_B
+  local transport=$TRANSPORT_A load=$LOAD_A senv=$SERVER_ENV_A
+  [ "$side" = B ] && transport=$TRANSPORT_B load=$LOAD_B senv=$SERVER_ENV_B
   local addr=(-addr "127.0.0.1:$port")
   [ "$transport" = ws ] && addr=(-transport ws -addr "127.0.0.1:$((port + 2))")
   prefix="ab$RANDOM:"
   # shellcheck disable=SC2086
   env PARLEY_POSTGRES_URL="$dburl" PARLEY_REDIS_URL="$redis_url" PARLEY_REDIS_PREFIX="$prefix" PARLEY_ADMIN_TOKEN=ab PARLEY_SEND_RATE=0 PARLEY_METRICS_LISTEN= \
-    PARLEY_LISTEN=127.0.0.1:$port PARLEY_ADMIN_LISTEN=127.0.0.1:$((port + 1)) PARLEY_WS_LISTEN=127.0.0.1:$((port + 2)) $SERVER_ENV \
+    PARLEY_LISTEN=127.0.0.1:$port PARLEY_ADMIN_LISTEN=127.0.0.1:$((port + 1)) PARLEY_WS_LISTEN=127.0.0.1:$((port + 2)) $senv \
     taskset -c 0 "$OUT/$side/parleyd" > "$OUT/${side}_$n.log" 2>&1 &
   pid=$!
   for _ in $(seq 100); do grep -q "parleyd ready" "$OUT/${side}_$n.log" && break; sleep 0.1; done

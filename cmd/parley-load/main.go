@@ -69,6 +69,7 @@ func run(args []string) int {
 	fs.Float64Var(&cfg.ProbeRate, "probe-rate", 200, "probes per second, each")
 	// Scenario direct.
 	fs.IntVar(&cfg.Pairs, "pairs", 100, "direct: pairs of users (one device each, both send)")
+	fs.BoolVar(&cfg.Phones, "phones", false, "direct: every user also has a phone, a second device registered for notifications with the tool's webhook sink (-sink) and never connected; the connected devices register too (the server's notify_webhook_url must point at -sink)")
 	fs.IntVar(&cfg.BodySize, "body-size", 100, "message body `bytes` (the first 8 carry the send time)")
 	// Scenario group (and storm's -size, mixed's -groups and -size).
 	fs.IntVar(&cfg.Groups, "groups", 0, "group: how many groups (default 50); mixed: groups with members drawn at random (default users/size; 0: none); notify: groups (default 2000)")
@@ -91,9 +92,9 @@ func run(args []string) int {
 	fs.StringVar(&cfg.JWTKeyFile, "jwt-key", "", "storm: as -jwt-secret, signing with this PEM private key `file` (RSA: RS256, ECDSA P-256: ES256, Ed25519: EdDSA)")
 	// Scenario mixed.
 	fs.IntVar(&cfg.Users, "users", 1000, "mixed: users; notify: receivers")
-	fs.StringVar(&cfg.NotifySink, "sink", "127.0.0.1:9099", "notify: the webhook sink's listen `address` (the server's notify_webhook_url must point there)")
-	fs.StringVar(&cfg.NotifySecret, "sink-secret", "", "notify: the server's notify_webhook_secret, to check signatures (empty: not checked)")
-	fs.DurationVar(&cfg.NotifyDelay, "notify-delay", 3*time.Second, "notify: the server's notify_delay")
+	fs.StringVar(&cfg.NotifySink, "sink", "127.0.0.1:9099", "notify, direct -phones: the webhook sink's listen `address` (the server's notify_webhook_url must point there)")
+	fs.StringVar(&cfg.NotifySecret, "sink-secret", "", "notify, direct -phones: the server's notify_webhook_secret, to check signatures (empty: not checked)")
+	fs.DurationVar(&cfg.NotifyDelay, "notify-delay", 3*time.Second, "notify, direct -phones: the server's notify_delay")
 	fs.Float64Var(&cfg.DevicesPerUser, "devices-per-user", 1.6, "mixed: devices per user on average, 1 to 8 (each user gets ⌊`D`⌋ or ⌈D⌉, all connected)")
 	fs.IntVar(&cfg.Directs, "directs", 4, "mixed: direct conversations per user (0: none)")
 	fs.Float64Var(&cfg.ReadProb, "read-prob", 0.3, "mixed: a device pushed a message reads its conversation with this probability `P` (0: never)")
