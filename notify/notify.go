@@ -5,8 +5,9 @@
 // as the badge, and data-only recall and badge notifications that keep
 // phones honest.
 //
-// Work is durable: every committed message or recall becomes a job in a
-// sharded Redis queue (queue.go), due notify_delay after its commit; a
+// Work is durable: committed messages (many to a job) and recalls become
+// jobs in a sharded Redis queue (queue.go), due notify_delay after their
+// commit; a
 // worker claims due jobs for a lease and finishes them only once the
 // provider answered, so the jobs of a worker or process that dies are
 // claimed again when their lease ends. Delivery is at least once, with the
@@ -205,28 +206,40 @@ func (n *Notifier) ReadAdvanced(user string) {
 func (n *Notifier) intakeLoop() {
 	defer n.loops.Done()
 	var pending []put
+	var msgs []eventRef // messages taken this round: they share jobs
+	var ts []int64      // their commit times
+	take := func(e eventlog.Committed) {
+		if e.Kind == store.KindRecall {
+			pending = append(pending, n.eventJob(e))
+			return
+		}
+		msgs = append(msgs, eventRef{Conv: e.Conv, Seq: e.Seq, Members: e.Members})
+		ts = append(ts, e.Ts)
+	}
 	intakeFails := 0
 	for {
 		var stopping bool
 		select {
 		case e := <-n.events:
-			pending = append(pending, n.eventJob(e))
+			take(e)
 		case u := <-n.reads:
 			pending = append(pending, n.badgeUserJob(u))
 		case <-n.stop:
 			stopping = true
 		}
 	more: // take whatever else is queued (all of it when stopping)
-		for stopping || len(pending) < 512 {
+		for stopping || (len(pending) < 512 && len(msgs) < 4096) {
 			select {
 			case e := <-n.events:
-				pending = append(pending, n.eventJob(e))
+				take(e)
 			case u := <-n.reads:
 				pending = append(pending, n.badgeUserJob(u))
 			default:
 				break more
 			}
 		}
+		pending = n.messageJobs(pending, msgs, ts)
+		msgs, ts = msgs[:0], ts[:0]
 		if len(pending) > 0 {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			err := n.q.put(ctx, pending, n.cfg.Delay)
@@ -256,14 +269,32 @@ func (n *Notifier) intakeLoop() {
 	}
 }
 
+// eventJob is a recall's job.
 func (n *Notifier) eventJob(e eventlog.Committed) put {
-	kind := KindMsg
-	if e.Kind == store.KindRecall {
-		kind = KindRecall
-	}
 	return put{ID: "e|" + strconv.FormatInt(e.Seq, 10) + "|" + e.Conv, Shard: n.q.shardOf(e.Conv),
 		Due: e.Ts + n.cfg.Delay.Milliseconds(), Seq: e.Seq, Ts: e.Ts,
-		Body: jobBody{Conv: e.Conv, Kind: kind, Members: e.Members, Target: e.Target}}
+		Body: jobBody{Conv: e.Conv, Kind: KindRecall, Members: e.Members, Target: e.Target}}
+}
+
+// eventsPerJob bounds the messages of one event job.
+const eventsPerJob = 256
+
+// messageJobs appends to pending the jobs of msgs (committed at ts): a
+// job per eventsPerJob messages, named after its first message and due
+// notify_delay after its newest commit. One job per intake round instead
+// of one per message keeps the queue's work per message small: the
+// recipients are evaluated per job anyway.
+func (n *Notifier) messageJobs(pending []put, msgs []eventRef, ts []int64) []put {
+	for len(msgs) > 0 {
+		k := min(len(msgs), eventsPerJob)
+		newest := slices.Max(ts[:k])
+		first := msgs[0]
+		pending = append(pending, put{ID: "e|" + strconv.FormatInt(first.Seq, 10) + "|" + first.Conv, Shard: n.q.shardOf(first.Conv),
+			Due: newest + n.cfg.Delay.Milliseconds(), Seq: first.Seq, Ts: newest,
+			Body: jobBody{Kind: KindMsg, Events: slices.Clone(msgs[:k])}})
+		msgs, ts = msgs[k:], ts[k:]
+	}
+	return pending
 }
 
 // badgeUserJob: read advances of one user within a short while share one
@@ -383,14 +414,22 @@ func msgJobID(device, conv string) string {
 }
 
 // evaluateMessages applies the policy to messages whose notify_delay has
-// passed: each registered device of each recipient that has not acked the
-// message, unless muted and not mentioned, gets it merged into its pending
-// notification of the conversation.
+// passed: each registered device of each recipient that has not acked a
+// message, unless muted and not mentioned, gets it merged into its
+// pending notification of the conversation, one update per (device,
+// conversation) for all the jobs' messages.
 func (n *Notifier) evaluateMessages(ctx context.Context, jobs []*job) []done {
-	evs := make([]store.NotifyEvent, len(jobs))
-	for i, j := range jobs {
-		evs[i] = store.NotifyEvent{Conv: j.Body.Conv, Seq: j.Seq,
-			MentionsOnly: j.Body.Members > int64(n.cfg.OnlineFanoutMax)}
+	var refs []eventRef
+	for _, j := range jobs {
+		if len(j.Body.Events) > 0 {
+			refs = append(refs, j.Body.Events...)
+		} else { // a job of one message
+			refs = append(refs, eventRef{Conv: j.Body.Conv, Seq: j.Seq, Members: j.Body.Members})
+		}
+	}
+	evs := make([]store.NotifyEvent, len(refs))
+	for i, r := range refs {
+		evs[i] = store.NotifyEvent{Conv: r.Conv, Seq: r.Seq, MentionsOnly: r.Members > int64(n.cfg.OnlineFanoutMax)}
 	}
 	fin := make([]done, 0, len(jobs))
 	targets, err := n.st.NotifyTargets(ctx, evs)
@@ -402,10 +441,12 @@ func (n *Notifier) evaluateMessages(ctx context.Context, jobs []*job) []done {
 		return fin
 	}
 	now := time.Now()
-	var puts []put
+	type pair struct{ device, conv string }
+	merged := map[pair]*put{}
+	var puts []*put
 	for _, t := range targets {
-		j := jobs[t.Event]
-		if t.Delivered >= j.Seq {
+		r := refs[t.Event]
+		if t.Delivered >= r.Seq {
 			n.m.skipped.WithLabelValues("acked").Inc()
 			continue
 		}
@@ -413,19 +454,37 @@ func (n *Notifier) evaluateMessages(ctx context.Context, jobs []*job) []done {
 			n.m.skipped.WithLabelValues("muted").Inc()
 			continue
 		}
-		body := jobBody{Conv: j.Body.Conv, User: t.Reg.User, Device: t.Reg.Device, Sender: t.Sender, Title: t.Title, Mentioned: t.Mentioned}
-		if n.cfg.Preview {
-			body.Preview = preview(t.Body)
+		k := pair{t.Reg.Device, r.Conv}
+		p := merged[k]
+		if p == nil {
+			shard := n.q.shardOf(r.Conv)
+			p = &put{ID: msgJobID(t.Reg.Device, r.Conv), Shard: shard, Due: now.Add(n.mergeWindow()).UnixMilli(),
+				Merge: true, Sent: n.q.sentKey(shard, t.Reg.Device, r.Conv)}
+			merged[k] = p
+			puts = append(puts, p)
 		}
-		puts = append(puts, put{ID: msgJobID(t.Reg.Device, j.Body.Conv), Shard: j.Shard, Due: now.Add(n.mergeWindow()).UnixMilli(), Seq: j.Seq,
-			Ts: t.Ts, Body: body, Merge: true, Sent: n.q.sentKey(j.Shard, t.Reg.Device, j.Body.Conv)})
+		p.Seqs = append(p.Seqs, r.Seq)
+		mentioned := p.Body.Mentioned || t.Mentioned
+		if r.Seq > p.Seq { // the newest message is the one shown
+			p.Seq, p.Ts = r.Seq, t.Ts
+			p.Body = jobBody{Conv: r.Conv, User: t.Reg.User, Device: t.Reg.Device, Sender: t.Sender, Title: t.Title}
+			if n.cfg.Preview {
+				p.Body.Preview = preview(t.Body)
+			}
+		}
+		p.Body.Mentioned = mentioned
 	}
-	// In seq order: a message merges into a notification only above the
-	// seq it carries, so an older one merged after a newer would be lost
-	// from its count.
-	slices.SortStableFunc(puts, func(a, b put) int { return cmp.Compare(a.Seq, b.Seq) })
-	if len(puts) > 0 {
-		if err := n.q.put(ctx, puts, n.cfg.Delay); err != nil {
+	out := make([]put, len(puts))
+	for i, p := range puts {
+		slices.Sort(p.Seqs)
+		p.Seqs = slices.Compact(p.Seqs)
+		out[i] = *p
+	}
+	// In seq order, as messages committed later are merged after
+	// earlier ones.
+	slices.SortStableFunc(out, func(a, b put) int { return cmp.Compare(a.Seq, b.Seq) })
+	if len(out) > 0 {
+		if err := n.q.put(ctx, out, n.cfg.Delay); err != nil {
 			n.log.Warn("queueing notifications", "err", err)
 			for _, j := range jobs {
 				fin = append(fin, retryLater(j, time.Second))

@@ -84,6 +84,16 @@ type jobBody struct {
 	Preview   string `json:"p,omitempty"`
 	Target    int64  `json:"g,omitempty"` // recall: the recalled seq
 	Mentioned bool   `json:"m,omitempty"`
+	// Events: an event job's messages (one job per intake round); a job
+	// without them is of the one event Conv, its Seq and Members.
+	Events []eventRef `json:"e,omitempty"`
+}
+
+// eventRef is a committed message an event job holds.
+type eventRef struct {
+	Conv    string `json:"c"`
+	Seq     int64  `json:"s"`
+	Members int64  `json:"n,omitempty"` // member count at commit
 }
 
 func (q *queue) shardOf(key string) int {
@@ -111,6 +121,9 @@ type put struct {
 	Body  jobBody
 	Merge bool   // a msg job: merge into the pending notification of (device, conv)
 	Sent  string // Merge: the sent key of (device, conv)
+	// Seqs (Merge, optional): the messages merged at once, ascending,
+	// Seq the last; nil: Seq alone.
+	Seqs []int64
 }
 
 // put adds jobs in one pipeline; gap is the least time between two
@@ -123,8 +136,18 @@ func (q *queue) put(ctx context.Context, jobs []put, gap time.Duration) error {
 			if j.Merge {
 				mode, sent = "merge", j.Sent
 			}
-			scripts.NotifyPut.EvalSha(ctx, p, []string{q.dueKey(j.Shard), q.jobsKey(j.Shard), sent},
-				j.ID, j.Due, j.Seq, j.Ts, string(b), mode, gap.Milliseconds())
+			args := []any{j.ID, j.Due, j.Seq, j.Ts, string(b), mode, gap.Milliseconds()}
+			if j.Merge && len(j.Seqs) > 1 {
+				seqs := make([]byte, 0, 8*len(j.Seqs))
+				for i, q := range j.Seqs {
+					if i > 0 {
+						seqs = append(seqs, ' ')
+					}
+					seqs = strconv.AppendInt(seqs, q, 10)
+				}
+				args = append(args, string(seqs))
+			}
+			scripts.NotifyPut.EvalSha(ctx, p, []string{q.dueKey(j.Shard), q.jobsKey(j.Shard), sent}, args...)
 		}
 	})
 	for _, j := range jobs {
