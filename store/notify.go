@@ -123,15 +123,23 @@ type NotifyTarget struct {
 // registered devices of its recipients: users other than the sender whose
 // membership periods contain its seq (only those it mentions, for
 // MentionsOnly events), with their cursors and mute settings, read in one
-// statement. Members, registrations, cursors and settings are read once
-// per conversation, not once per event: a burst in one conversation costs
-// an index probe per event.
+// statement.
 func (s *Store) NotifyTargets(ctx context.Context, evs []NotifyEvent) ([]NotifyTarget, error) {
 	convs, seqs, only := make([]string, len(evs)), make([]int64, len(evs)), make([]bool, len(evs))
 	for i, e := range evs {
 		convs[i], seqs[i], only[i] = e.Conv, e.Seq, e.MentionsOnly
 	}
-	rows, err := s.pool.Query(ctx, notifyTargetsSQL, convs, seqs, only)
+	rows, err := s.pool.Query(ctx, `SELECT k.i - 1, e.sender, e.ts, c.title, coalesce(e.body, ''::bytea),
+			r.device_id, r.user_id, r.provider, r.token, r.sandbox, r.registered_at,
+			coalesce(dc.delivered_seq, 0), coalesce(cs.muted_until, 0), coalesce(m.user_id = ANY(e.mentions), false)
+		FROM unnest($1::text[], $2::bigint[], $3::bool[]) WITH ORDINALITY AS k(conv, seq, only_mentions, i)
+		JOIN conversations c ON c.conv_id = k.conv
+		JOIN events e ON e.conv_key = c.conv_key AND e.seq = k.seq AND e.kind = 1 AND e.recalled_by IS NULL
+		JOIN membership_periods m ON m.conv_id = k.conv AND m.from_seq <= k.seq AND (m.to_seq IS NULL OR m.to_seq >= k.seq)
+			AND m.user_id <> e.sender AND (NOT k.only_mentions OR m.user_id = ANY(e.mentions))
+		JOIN notify_registrations r ON r.user_id = m.user_id
+		LEFT JOIN device_cursors dc ON dc.device_id = r.device_id AND dc.conv_id = k.conv
+		LEFT JOIN conv_settings cs ON cs.user_id = m.user_id AND cs.conv_id = k.conv`, convs, seqs, only)
 	if err != nil {
 		return nil, err
 	}
@@ -142,34 +150,6 @@ func (s *Store) NotifyTargets(ctx context.Context, evs []NotifyEvent) ([]NotifyT
 		return t, err
 	})
 }
-
-// notifyTargetsSQL ($1 convs, $2 seqs, $3 mentions-only, one per event):
-// c is each conversation with the range of its seqs asked for, r every
-// registered device of a user whose period meets that range; each event
-// then keeps the devices whose period contains its seq.
-const notifyTargetsSQL = `WITH k AS MATERIALIZED (
-	SELECT k.conv, k.seq, k.only_mentions, k.i
-	  FROM unnest($1::text[], $2::bigint[], $3::bool[]) WITH ORDINALITY AS k(conv, seq, only_mentions, i)
-), c AS MATERIALIZED (
-	SELECT k.conv, min(k.seq) AS lo, max(k.seq) AS hi
-	  FROM k GROUP BY k.conv
-), r AS MATERIALIZED (
-	SELECT c.conv, m.user_id, m.from_seq, m.to_seq, g.device_id, g.provider, g.token, g.sandbox, g.registered_at,
-	       coalesce(dc.delivered_seq, 0) AS delivered, coalesce(cs.muted_until, 0) AS muted_until
-	  FROM c
-	  JOIN membership_periods m ON m.conv_id = c.conv AND m.from_seq <= c.hi AND (m.to_seq IS NULL OR m.to_seq >= c.lo)
-	  JOIN notify_registrations g ON g.user_id = m.user_id
-	  LEFT JOIN device_cursors dc ON dc.device_id = g.device_id AND dc.conv_id = c.conv
-	  LEFT JOIN conv_settings cs ON cs.user_id = m.user_id AND cs.conv_id = c.conv
-)
-SELECT k.i - 1, e.sender, e.ts, cv.title, coalesce(e.body, ''::bytea),
-       r.device_id, r.user_id, r.provider, r.token, r.sandbox, r.registered_at,
-       r.delivered, r.muted_until, coalesce(r.user_id = ANY(e.mentions), false)
-  FROM k
-  JOIN conversations cv ON cv.conv_id = k.conv
-  JOIN events e ON e.conv_key = cv.conv_key AND e.seq = k.seq AND e.kind = 1 AND e.recalled_by IS NULL
-  JOIN r ON r.conv = k.conv AND r.from_seq <= k.seq AND (r.to_seq IS NULL OR r.to_seq >= k.seq)
-       AND r.user_id <> e.sender AND (NOT k.only_mentions OR r.user_id = ANY(e.mentions))`
 
 // RecallInfo is a recall event as notifications need it: the recalled
 // seq, and the registered devices of users whose periods contain it.
