@@ -7,8 +7,7 @@
 //
 // Work is durable: committed messages (many to a job) and recalls become
 // jobs in a sharded Redis queue (queue.go), due notify_delay after their
-// commit; a
-// worker claims due jobs for a lease and finishes them only once the
+// commit; a worker claims due jobs for a lease and finishes them only once the
 // provider answered, so the jobs of a worker or process that dies are
 // claimed again when their lease ends. Delivery is at least once, with the
 // same idempotency key on every attempt; a notification sent again after
@@ -279,22 +278,40 @@ func (n *Notifier) eventJob(e eventlog.Committed) put {
 // eventsPerJob bounds the messages of one event job.
 const eventsPerJob = 256
 
-// messageJobs appends to pending the jobs of msgs (committed at ts): a
-// job per eventsPerJob messages, named after its first message and due
-// notify_delay after its newest commit. One job per intake round instead
-// of one per message keeps the queue's work per message small: the
-// recipients are evaluated per job anyway.
+// messageJobs appends to pending the jobs of msgs (committed at ts): per
+// shard of their conversations, a job per eventsPerJob messages, named
+// after its first message and due notify_delay after its newest commit.
+// One job per intake round and shard instead of one per message keeps the
+// queue's work per message small (the recipients are evaluated per claim
+// anyway), and a conversation's messages stay in its shard, whose loop
+// evaluates them in commit order, as notification counts need.
 func (n *Notifier) messageJobs(pending []put, msgs []eventRef, ts []int64) []put {
-	for len(msgs) > 0 {
-		k := min(len(msgs), eventsPerJob)
-		newest := slices.Max(ts[:k])
-		first := msgs[0]
-		pending = append(pending, put{ID: "e|" + strconv.FormatInt(first.Seq, 10) + "|" + first.Conv, Shard: n.q.shardOf(first.Conv),
-			Due: newest + n.cfg.Delay.Milliseconds(), Seq: first.Seq, Ts: newest,
-			Body: jobBody{Kind: KindMsg, Events: slices.Clone(msgs[:k])}})
-		msgs, ts = msgs[k:], ts[k:]
+	type group struct {
+		refs   []eventRef
+		newest int64
+	}
+	groups := make([]group, n.cfg.Shards)
+	for i, m := range msgs {
+		g := &groups[n.q.shardOf(m.Conv)]
+		if len(g.refs) == eventsPerJob {
+			pending = append(pending, n.messageJob(g.refs, g.newest))
+			g.refs, g.newest = nil, 0
+		}
+		g.refs = append(g.refs, m)
+		g.newest = max(g.newest, ts[i])
+	}
+	for _, g := range groups {
+		if len(g.refs) > 0 {
+			pending = append(pending, n.messageJob(g.refs, g.newest))
+		}
 	}
 	return pending
+}
+
+func (n *Notifier) messageJob(refs []eventRef, newest int64) put {
+	first := refs[0]
+	return put{ID: "e|" + strconv.FormatInt(first.Seq, 10) + "|" + first.Conv, Shard: n.q.shardOf(first.Conv),
+		Due: newest + n.cfg.Delay.Milliseconds(), Seq: first.Seq, Ts: newest, Body: jobBody{Kind: KindMsg, Events: refs}}
 }
 
 // badgeUserJob: read advances of one user within a short while share one
