@@ -376,7 +376,7 @@ func TestDirectPhones(t *testing.T) {
 	cfg := parleytest.Config(t)
 	sink := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	cfg.NotifyWebhookURL, cfg.NotifyWebhookSecret = "http://"+sink+"/hook", "sek"
-	cfg.NotifyDelay, cfg.AckCoalesce = 500*time.Millisecond, 0
+	cfg.NotifyDelay, cfg.AckCoalesce = time.Second, 0 // room for an ack on a loaded host
 	env := parleytest.Start(t, cfg)
 	rep := runScenario(t, env, Config{Scenario: "direct", Rate: 40, Duration: 1500 * time.Millisecond, Pairs: 5, Phones: true,
 		NotifySink: sink, NotifySecret: "sek", NotifyDelay: cfg.NotifyDelay})

@@ -22,9 +22,11 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -243,7 +245,33 @@ func deletePrefix(ctx context.Context, c *redis.Client, prefix string) error {
 var handedOut = struct {
 	mu    sync.Mutex
 	ports map[int]bool
+	locks []*os.File // held until the process exits
 }{ports: map[int]bool{}}
+
+// portLockDir holds a lock file per port handed out: test binaries run
+// side by side (go test runs packages in parallel), and each holds an
+// exclusive flock on the ports it handed out until it exits, so that
+// another binary does not hand out the same port before its test bound
+// it. The kernel drops the locks of a process that dies.
+var portLockDir = filepath.Join(os.TempDir(), "parley-test-ports")
+
+// reservePort takes port's lock for this process; false if another
+// process holds it.
+func reservePort(port int) bool {
+	if err := os.MkdirAll(portLockDir, 0o777); err != nil {
+		return true // no locks here: fall back to the listen check alone
+	}
+	f, err := os.OpenFile(filepath.Join(portLockDir, strconv.Itoa(port)), os.O_CREATE|os.O_RDWR, 0o666)
+	if err != nil {
+		return true
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		return false
+	}
+	handedOut.locks = append(handedOut.locks, f)
+	return true
+}
 
 // FreePort returns a TCP port on 127.0.0.1 that was free a moment ago,
 // from 20000–31999: below the kernel's ephemeral range, and low enough for
@@ -256,14 +284,15 @@ func FreePort(t testing.TB) int {
 	// before the caller binds it. Ports below the ephemeral range are only
 	// ever taken by listeners like this one.
 	//
-	// A port is handed out once per process: a test that got it may not
-	// have bound it yet (a server still starting), and another test of
-	// the same binary must not get it meanwhile.
+	// A port is handed out once per process, and by one process at a
+	// time (reservePort): a test that got it may not have bound it yet (a
+	// server still starting), and another test must not get it
+	// meanwhile.
 	handedOut.mu.Lock()
 	defer handedOut.mu.Unlock()
 	for i := 0; i < 200; i++ {
 		port := 20000 + mrand.IntN(12000)
-		if handedOut.ports[port] {
+		if handedOut.ports[port] || !reservePort(port) {
 			continue
 		}
 		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
