@@ -41,7 +41,15 @@ type memberCache struct {
 	used map[memberKey]struct{}
 
 	counts MemberLookups // lookups made on a send's path and by refresh
+	// forgot: when each key was last forgotten (pruned after forgetKeep).
+	// A lookup or refresh whose read began before that may have read the
+	// state the forget is about, and does not store its answer.
+	forgot map[memberKey]time.Time
 }
+
+// forgetKeep bounds how long a forget is remembered: longer than any
+// lookup or refresh statement runs (both are bounded by their context).
+const forgetKeep = time.Minute
 
 type memberKey struct{ user, conv string }
 
@@ -54,7 +62,8 @@ type memberEntry struct {
 const memberCacheMax = 200000
 
 func newMemberCache(st *store.Store, ttl time.Duration, counts MemberLookups) *memberCache {
-	return &memberCache{st: st, ttl: ttl, entries: map[memberKey]*memberEntry{}, used: map[memberKey]struct{}{}, counts: counts}
+	return &memberCache{st: st, ttl: ttl, entries: map[memberKey]*memberEntry{}, used: map[memberKey]struct{}{}, counts: counts,
+		forgot: map[memberKey]time.Time{}}
 }
 
 // lookup returns whether user is a current member of conv, and its mute.
@@ -80,6 +89,10 @@ func (m *memberCache) lookup(ctx context.Context, user, conv string) (store.Memb
 		return store.MemberState{}, err
 	}
 	m.mu.Lock()
+	if m.forgotSince(key, now) { // answered; not kept
+		m.mu.Unlock()
+		return member[0], nil
+	}
 	if len(m.entries) >= memberCacheMax {
 		// Full: drop the expired entries; only if that is not enough,
 		// everything (every sender's next send then looks up again).
@@ -108,10 +121,26 @@ func (m *memberCache) isMember(ctx context.Context, user, conv string) (bool, er
 
 // forget drops the entry (the user left or was removed here).
 func (m *memberCache) forget(user, conv string) {
+	now := time.Now()
 	m.mu.Lock()
 	delete(m.entries, memberKey{user, conv})
 	delete(m.used, memberKey{user, conv})
+	m.forgot[memberKey{user, conv}] = now
+	if len(m.forgot) > 1024 {
+		for k, at := range m.forgot {
+			if now.Sub(at) > forgetKeep {
+				delete(m.forgot, k)
+			}
+		}
+	}
 	m.mu.Unlock()
+}
+
+// forgotSince reports whether key was forgotten at or after at. Call with
+// m.mu held.
+func (m *memberCache) forgotSince(key memberKey, at time.Time) bool {
+	f, ok := m.forgot[key]
+	return ok && !f.Before(at)
 }
 
 // refreshEvery is how often refreshLoop looks for entries due: five
@@ -178,6 +207,7 @@ func (m *memberCache) refreshKeys(ctx context.Context, keys []memberKey) {
 		e, ok := m.entries[k]
 		switch {
 		case !ok: // forgotten meanwhile: stays forgotten
+		case m.forgotSince(k, at): // forgotten and looked up again meanwhile: that answer is newer
 		case member[i].Member:
 			e.exp, e.used, e.mutedUntil = at.Add(m.ttl), false, member[i].MutedUntil
 			delete(m.used, k)
