@@ -201,6 +201,11 @@ func (m *memberCache) refreshKeys(ctx context.Context, keys []memberKey) {
 	if m.counts.Refreshed != nil {
 		m.counts.Refreshed.Add(float64(len(keys)))
 	}
+	m.applyRefresh(keys, member, at)
+}
+
+// applyRefresh stores what a refresh read, at at, for keys.
+func (m *memberCache) applyRefresh(keys []memberKey, member []store.MemberState, at time.Time) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for i, k := range keys {
