@@ -14,7 +14,8 @@ import (
 // from a non-member, or a send from a muted member, is refused before
 // a seq is allocated for it (a refused request must not move head or leave
 // holes), without a PostgreSQL round trip per send from members. Only
-// positive answers are cached; the commit itself checks membership again,
+// positive answers are used from the cache (a cached mute is looked up
+// again before a send is refused); the commit itself checks membership again,
 // (and the mute), so a stale entry costs at most a hole, never a wrong
 // event (docs/consistency.md, "Membership changes and sends"), and a
 // removal, mute or role change in any process drops the user's entries
@@ -71,7 +72,11 @@ func (m *memberCache) lookup(ctx context.Context, user, conv string) (store.Memb
 	key := memberKey{user, conv}
 	now := time.Now()
 	m.mu.Lock()
-	if e, ok := m.entries[key]; ok && now.Before(e.exp) {
+	// A cached mute is not trusted: the unmute may have committed in
+	// another process a moment ago, its notice still on its way, and a
+	// send written after the moderator saw update_ok must not be refused.
+	// Refusals read PostgreSQL, as non-members' requests do.
+	if e, ok := m.entries[key]; ok && now.Before(e.exp) && e.mutedUntil <= now.UnixMilli() {
 		if !e.used {
 			e.used = true
 			m.used[key] = struct{}{}
