@@ -16,10 +16,10 @@ func TestMessageJobs(t *testing.T) {
 	var msgs []eventRef
 	var ts []int64
 	for i := range 1000 {
-		msgs = append(msgs, eventRef{Conv: fmt.Sprint("c", i%7), Seq: int64(10 + i), Members: 2})
 		ts = append(ts, int64(5000+i%13))
+		msgs = append(msgs, eventRef{Conv: fmt.Sprint("c", i%7), Seq: int64(10 + i), Members: 2, ts: ts[i]})
 	}
-	jobs := n.messageJobs(nil, msgs, ts)
+	jobs := n.messageJobs(nil, msgs)
 	seen := map[int64]bool{}
 	last := map[string]int64{} // conv → the last seq seen, in job order
 	for _, j := range jobs {

@@ -206,14 +206,12 @@ func (n *Notifier) intakeLoop() {
 	defer n.loops.Done()
 	var pending []put
 	var msgs []eventRef // messages taken this round: they share jobs
-	var ts []int64      // their commit times
 	take := func(e eventlog.Committed) {
 		if e.Kind == store.KindRecall {
 			pending = append(pending, n.eventJob(e))
 			return
 		}
-		msgs = append(msgs, eventRef{Conv: e.Conv, Seq: e.Seq, Members: e.Members})
-		ts = append(ts, e.Ts)
+		msgs = append(msgs, eventRef{Conv: e.Conv, Seq: e.Seq, Members: e.Members, ts: e.Ts})
 	}
 	intakeFails := 0
 	for {
@@ -237,8 +235,8 @@ func (n *Notifier) intakeLoop() {
 				break more
 			}
 		}
-		pending = n.messageJobs(pending, msgs, ts)
-		msgs, ts = msgs[:0], ts[:0]
+		pending = n.messageJobs(pending, msgs)
+		msgs = msgs[:0]
 		if len(pending) > 0 {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			err := n.q.put(ctx, pending, n.cfg.Delay)
@@ -270,7 +268,7 @@ func (n *Notifier) intakeLoop() {
 
 // eventJob is a recall's job.
 func (n *Notifier) eventJob(e eventlog.Committed) put {
-	return put{ID: "e|" + strconv.FormatInt(e.Seq, 10) + "|" + e.Conv, Shard: n.q.shardOf(e.Conv),
+	return put{ID: eventJobID(e.Seq, e.Conv), Shard: n.q.shardOf(e.Conv),
 		Due: e.Ts + n.cfg.Delay.Milliseconds(), Seq: e.Seq, Ts: e.Ts,
 		Body: jobBody{Conv: e.Conv, Kind: KindRecall, Members: e.Members, Target: e.Target}}
 }
@@ -278,39 +276,40 @@ func (n *Notifier) eventJob(e eventlog.Committed) put {
 // eventsPerJob bounds the messages of one event job.
 const eventsPerJob = 256
 
-// messageJobs appends to pending the jobs of msgs (committed at ts): per
+// eventJobID names an event job after its (first) event.
+func eventJobID(seq int64, conv string) string { return "e|" + strconv.FormatInt(seq, 10) + "|" + conv }
+
+// messageJobs appends to pending the jobs of msgs: per
 // shard of their conversations, a job per eventsPerJob messages, named
 // after its first message and due notify_delay after its newest commit.
 // One job per intake round and shard instead of one per message keeps the
 // queue's work per message small (the recipients are evaluated per claim
 // anyway), and a conversation's messages stay in its shard, whose loop
 // evaluates them in commit order, as notification counts need.
-func (n *Notifier) messageJobs(pending []put, msgs []eventRef, ts []int64) []put {
-	type group struct {
-		refs   []eventRef
-		newest int64
-	}
-	groups := make([]group, n.cfg.Shards)
-	for i, m := range msgs {
-		g := &groups[n.q.shardOf(m.Conv)]
-		if len(g.refs) == eventsPerJob {
-			pending = append(pending, n.messageJob(g.refs, g.newest))
-			g.refs, g.newest = nil, 0
+func (n *Notifier) messageJobs(pending []put, msgs []eventRef) []put {
+	groups := make([][]eventRef, n.cfg.Shards)
+	for _, m := range msgs {
+		s := n.q.shardOf(m.Conv)
+		if len(groups[s]) == eventsPerJob {
+			pending = append(pending, n.messageJob(groups[s]))
+			groups[s] = nil
 		}
-		g.refs = append(g.refs, m)
-		g.newest = max(g.newest, ts[i])
+		groups[s] = append(groups[s], m)
 	}
-	for _, g := range groups {
-		if len(g.refs) > 0 {
-			pending = append(pending, n.messageJob(g.refs, g.newest))
+	for _, refs := range groups {
+		if len(refs) > 0 {
+			pending = append(pending, n.messageJob(refs))
 		}
 	}
 	return pending
 }
 
-func (n *Notifier) messageJob(refs []eventRef, newest int64) put {
-	first := refs[0]
-	return put{ID: "e|" + strconv.FormatInt(first.Seq, 10) + "|" + first.Conv, Shard: n.q.shardOf(first.Conv),
+func (n *Notifier) messageJob(refs []eventRef) put {
+	first, newest := refs[0], refs[0].ts
+	for _, r := range refs[1:] {
+		newest = max(newest, r.ts)
+	}
+	return put{ID: eventJobID(first.Seq, first.Conv), Shard: n.q.shardOf(first.Conv),
 		Due: newest + n.cfg.Delay.Milliseconds(), Seq: first.Seq, Ts: newest, Body: jobBody{Kind: KindMsg, Events: refs}}
 }
 

@@ -94,6 +94,7 @@ type eventRef struct {
 	Conv    string `json:"c"`
 	Seq     int64  `json:"s"`
 	Members int64  `json:"n,omitempty"` // member count at commit
+	ts      int64  // commit time, at intake only (not stored: the job's Ts is the newest)
 }
 
 func (q *queue) shardOf(key string) int {

@@ -253,15 +253,22 @@ var handedOut = struct {
 // exclusive flock on the ports it handed out until it exits, so that
 // another binary does not hand out the same port before its test bound
 // it. The kernel drops the locks of a process that dies.
-var portLockDir = filepath.Join(os.TempDir(), "parley-test-ports")
+var portLockDir = sync.OnceValue(func() string {
+	dir := filepath.Join(os.TempDir(), "parley-test-ports")
+	if err := os.MkdirAll(dir, 0o777); err != nil {
+		return "" // no locks here: the listen check alone
+	}
+	return dir
+})
 
 // reservePort takes port's lock for this process; false if another
 // process holds it.
 func reservePort(port int) bool {
-	if err := os.MkdirAll(portLockDir, 0o777); err != nil {
-		return true // no locks here: fall back to the listen check alone
+	dir := portLockDir()
+	if dir == "" {
+		return true
 	}
-	f, err := os.OpenFile(filepath.Join(portLockDir, strconv.Itoa(port)), os.O_CREATE|os.O_RDWR, 0o666)
+	f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(port)), os.O_CREATE|os.O_RDWR, 0o666)
 	if err != nil {
 		return true
 	}
