@@ -78,7 +78,7 @@ func logs(ctx context.Context, t *testing.T, members ...string) (*store.Store, f
 	}
 	return st, func(cfg eventlog.Config, onCommit func([]eventlog.Committed)) *eventlog.Log {
 		cfg.HoleTimeout, cfg.CommitLinger = time.Second, time.Millisecond
-		l := eventlog.New(st, seq.New(rdb, env.Cfg.RedisPrefix, st.Head), cfg, slog.New(slog.DiscardHandler), onCommit)
+		l := eventlog.New(st, seq.New(rdb, env.Cfg.RedisPrefix, st.Heads), cfg, slog.New(slog.DiscardHandler), onCommit)
 		t.Cleanup(l.Close)
 		return l
 	}

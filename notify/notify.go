@@ -140,8 +140,19 @@ func New(st *store.Store, rdb redis.UniversalClient, cfg Config, providers []Pro
 // Has reports whether the notifier can send through provider.
 func (n *Notifier) Has(provider string) bool { return n.providers[provider] != nil }
 
-// Start starts the workers.
+// Off reports whether the notifier has no provider to send through. It
+// then does nothing at all: committed events and read advances are not
+// queued (a registration cannot be made, and one made under an earlier
+// configuration could not be sent to), so a server without push
+// notifications pays nothing for them per send.
+func (n *Notifier) Off() bool { return len(n.providers) == 0 }
+
+// Start starts the workers (none if Off).
 func (n *Notifier) Start() {
+	if n.Off() {
+		n.log.Info("push notifications off: no provider configured")
+		return
+	}
 	for _, p := range n.providers {
 		for range n.cfg.Concurrency {
 			n.senders.Add(1)
@@ -179,6 +190,9 @@ func (n *Notifier) Close() {
 // passed. It never blocks: if the intake is full the event is dropped and
 // counted.
 func (n *Notifier) Committed(evs []eventlog.Committed) {
+	if n.Off() {
+		return
+	}
 	for _, e := range evs {
 		if e.Kind != store.KindMsg && e.Kind != store.KindRecall {
 			continue
@@ -194,6 +208,9 @@ func (n *Notifier) Committed(evs []eventlog.Committed) {
 // ReadAdvanced implements conn.Notifications: the user's devices that
 // were notified and are not connected get a new badge.
 func (n *Notifier) ReadAdvanced(user string) {
+	if n.Off() {
+		return
+	}
 	select {
 	case n.reads <- user:
 	default:

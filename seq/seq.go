@@ -17,10 +17,13 @@ import (
 	"github.com/parley-im/parley/scripts"
 )
 
-// FloorFunc returns the highest seq committed for conv in the
-// authoritative store (0 for an empty conversation), or an error such as
-// "no such conversation".
-type FloorFunc func(ctx context.Context, conv string) (int64, error)
+// FloorFunc returns the highest seq committed for each of convs in the
+// authoritative store (0 for an empty conversation), in one round trip:
+// a whole batch's lost counters are re-seeded at once (after Redis lost
+// its data, or for conversations created without a counter, every active
+// conversation's next send needs one). errs, if not nil, holds an error
+// per conversation, such as "no such conversation"; err fails them all.
+type FloorFunc func(ctx context.Context, convs []string) (floors []int64, errs []error, err error)
 
 // Allocator hands out seqs.
 type Allocator struct {
@@ -61,6 +64,7 @@ func (a *Allocator) AllocEach(ctx context.Context, convs []string, ns []int64) (
 		keys[i], args[i] = a.Key(conv), ns[i]
 	}
 	lasts, errs := scripts.RunMany(ctx, a.rdb, scripts.SeqAlloc, keys, nil, 1, args)
+	var missing []int
 	for i := range convs {
 		if errs[i] != nil {
 			errs[i] = fmt.Errorf("seq: %w", errs[i])
@@ -71,31 +75,54 @@ func (a *Allocator) AllocEach(ctx context.Context, convs []string, ns []int64) (
 			errs[i] = fmt.Errorf("seq: seq_alloc replied %v", lasts[i])
 			continue
 		}
-		if last < 0 { // counter missing: re-seed from PostgreSQL, then allocate
-			if last, errs[i] = a.allocAfterReseed(ctx, convs[i], ns[i]); errs[i] != nil {
-				continue
-			}
+		if last < 0 { // counter missing: re-seeded below, all at once
+			missing = append(missing, i)
+			continue
 		}
 		first[i] = last - ns[i] + 1
+	}
+	if len(missing) > 0 {
+		a.allocAfterReseed(ctx, convs, ns, missing, first, errs)
 	}
 	return first, errs
 }
 
-// allocAfterReseed re-seeds conv's lost counter and allocates n seqs.
-func (a *Allocator) allocAfterReseed(ctx context.Context, conv string, n int64) (int64, error) {
-	if err := a.Reseed(ctx, conv); err != nil {
-		return 0, err
+// allocAfterReseed re-seeds the lost counters of convs[i] for i in
+// missing and allocates ns[i] seqs of each, setting first[i] or errs[i]:
+// one PostgreSQL statement and two pipelines for all of them.
+func (a *Allocator) allocAfterReseed(ctx context.Context, convs []string, ns []int64, missing []int, first []int64, errs []error) {
+	mconvs := make([]string, len(missing))
+	for j, i := range missing {
+		mconvs[j] = convs[i]
 	}
-	lasts, err := scripts.SeqAlloc.Run(ctx, a.rdb, []string{a.Key(conv)}, n).Int64Slice()
-	switch {
-	case err != nil:
-		return 0, fmt.Errorf("seq: %w", err)
-	case len(lasts) != 1:
-		return 0, fmt.Errorf("seq: seq_alloc replied %v", lasts)
-	case lasts[0] < 0:
-		return 0, errors.New("seq: counter vanished while re-seeding")
+	serrs := a.reseed(ctx, mconvs)
+	keys := make([]string, 0, len(missing))
+	args := make([]any, 0, len(missing))
+	var idx []int
+	for j, i := range missing {
+		if serrs[j] != nil {
+			errs[i] = serrs[j]
+			continue
+		}
+		keys, args, idx = append(keys, a.Key(convs[i])), append(args, ns[i]), append(idx, i)
 	}
-	return lasts[0], nil
+	if len(keys) == 0 {
+		return
+	}
+	lasts, aerrs := scripts.RunMany(ctx, a.rdb, scripts.SeqAlloc, keys, nil, 1, args)
+	for j, i := range idx {
+		last, ok := lasts[j].(int64)
+		switch {
+		case aerrs[j] != nil:
+			errs[i] = fmt.Errorf("seq: %w", aerrs[j])
+		case !ok:
+			errs[i] = fmt.Errorf("seq: seq_alloc replied %v", lasts[j])
+		case last < 0:
+			errs[i] = errors.New("seq: counter vanished while re-seeding")
+		default:
+			first[i] = last - ns[i] + 1
+		}
+	}
 }
 
 // AllocOne allocates one seq of conv.
@@ -109,12 +136,36 @@ func (a *Allocator) AllocOne(ctx context.Context, conv string) (int64, error) {
 
 // Reseed raises conv's counter to at least the highest committed seq.
 func (a *Allocator) Reseed(ctx context.Context, conv string) error {
-	floor, err := a.floor(ctx, conv)
+	return a.reseed(ctx, []string{conv})[0]
+}
+
+// reseed raises the counters of convs (distinct) to at least their
+// highest committed seqs: one statement and one pipeline for all. It
+// returns each one's error (nil: re-seeded).
+func (a *Allocator) reseed(ctx context.Context, convs []string) []error {
+	errs := make([]error, len(convs))
+	floors, ferrs, err := a.floor(ctx, convs)
 	if err != nil {
-		return err
+		for i := range errs {
+			errs[i] = err
+		}
+		return errs
 	}
-	if err := scripts.SeqFloor.Run(ctx, a.rdb, []string{a.Key(conv)}, floor).Err(); err != nil {
-		return fmt.Errorf("seq: %w", err)
+	cmds := make([]*redis.Cmd, len(convs))
+	_, _ = scripts.RunPipelined(ctx, a.rdb, func(p redis.Pipeliner) {
+		for i, conv := range convs {
+			if ferrs == nil || ferrs[i] == nil {
+				cmds[i] = scripts.SeqFloor.EvalSha(ctx, p, []string{a.Key(conv)}, floors[i])
+			}
+		}
+	})
+	for i, c := range cmds {
+		switch {
+		case c == nil:
+			errs[i] = ferrs[i]
+		case c.Err() != nil:
+			errs[i] = fmt.Errorf("seq: %w", c.Err())
+		}
 	}
-	return nil
+	return errs
 }

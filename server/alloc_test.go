@@ -78,3 +78,64 @@ func TestSeqAllocFailsPerConversation(t *testing.T) {
 		t.Fatalf("send after the counter came back: %+v %v", r, err)
 	}
 }
+
+// TestSeqReseedsManyAtOnce: counters lost for many conversations at once
+// (Redis lost its data) are re-seeded together, in the batches their next
+// sends share, and every conversation continues right above its highest
+// committed seq.
+func TestSeqReseedsManyAtOnce(t *testing.T) {
+	cfg := parleytest.Config(t)
+	cfg.SendRate = 0
+	env := parleytest.Start(t, cfg)
+	rdb := parleytest.RedisClient(t, env.Cfg)
+	ana := env.User(t, "ana", 1)
+	env.User(t, "ben", 1)
+	const n = 30
+	convs := make([]string, n)
+	for i := range convs {
+		convs[i] = fmt.Sprint("g", i)
+		env.Group(t, convs[i], "ana", "ben") // seq 1
+	}
+	c, _ := dial(t, env, ana[0])
+	ctx := context.Background()
+	sendAll := func(round int) map[string]int64 {
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		seqs := map[string]int64{}
+		for _, conv := range convs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r, err := c.Send(ctx, conv, fmt.Sprint(conv, "-", round), []byte("m"))
+				if err != nil {
+					t.Errorf("send to %s: %v", conv, err)
+					return
+				}
+				mu.Lock()
+				seqs[conv] = r.Seq
+				mu.Unlock()
+			}()
+		}
+		wg.Wait()
+		return seqs
+	}
+	sendAll(0) // seq 2 everywhere
+	for round, want := range []int64{3, 4} {
+		if round == 0 {
+			keys := make([]string, n)
+			for i, conv := range convs {
+				keys[i] = env.Cfg.RedisPrefix + "seq:{" + conv + "}"
+			}
+			for _, k := range keys {
+				if err := rdb.Del(ctx, k).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		for conv, seq := range sendAll(round + 1) {
+			if seq != want {
+				t.Errorf("round %d: %s got seq %d, want %d (right above the highest committed)", round+1, conv, seq, want)
+			}
+		}
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -474,6 +475,45 @@ func TestNotifyLeftUserNotNotified(t *testing.T) {
 	mustSend(t, ca, "g", "c1", []byte("x"))
 	s.waitFor(t, ben[0].ID, 1)
 	s.exactly(t, cat[0].ID, 0, 300*time.Millisecond)
+}
+
+// TestNotifyOffWithoutProvider: a server with no provider configured
+// refuses registrations and queues nothing for messages, recalls or
+// reads: push notifications cost it nothing per send.
+func TestNotifyOffWithoutProvider(t *testing.T) {
+	cfg := parleytest.Config(t)
+	env := parleytest.Start(t, cfg)
+	ana := env.User(t, "ana", 1)
+	ben := env.User(t, "ben", 1)
+	env.Group(t, "g", "ana", "ben")
+	ca, _ := dial(t, env, ana[0])
+	cb, _ := dial(t, env, ben[0])
+	if _, err := cb.Do(ctx(t), wire.Request{T: wire.TNotifyRegister, Provider: "webhook", Token: "x"}); wire.CodeOf(err) != wire.BadRequest {
+		t.Fatalf("notify_register without a provider: %v, want BAD_REQUEST", err)
+	}
+	var last wire.Message
+	for i := range 5 {
+		last = mustSend(t, ca, "g", fmt.Sprintf("c%d", i), []byte("hello"))
+	}
+	if _, err := ca.Do(ctx(t), wire.Request{T: wire.TRecall, Conv: "g", Seq: last.Seq}); err != nil {
+		t.Fatalf("recall: %v", err)
+	}
+	if _, err := cb.Do(ctx(t), wire.Request{T: wire.TRead, Conv: "g", Seq: last.Seq}); err != nil {
+		t.Fatalf("read: %v", err)
+	}
+	rdb := parleytest.RedisClient(t, cfg)
+	// Nothing is queued now, nor shortly after (the intake is asynchronous).
+	for range 3 {
+		for shard := range cfg.NotifyShards {
+			tag := cfg.RedisPrefix + "notify:{n" + strconv.Itoa(shard) + "}:"
+			for _, k := range []string{tag + "due", tag + "jobs"} {
+				if n, err := rdb.Exists(ctx(t), k).Result(); err != nil || n != 0 {
+					t.Fatalf("%s exists (%d, %v): a job was queued without a provider", k, n, err)
+				}
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // TestNotifyBadInput: every refused request is answered with its code and

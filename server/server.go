@@ -214,7 +214,7 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Server, e
 		return nil, fmt.Errorf("gateway lease: %w", err)
 	}
 	s.bus = fanout.NewBus(s.rdb, cfg.RedisPrefix, s.cfg.GatewayID)
-	seqs := seq.New(s.rdb, cfg.RedisPrefix, s.st.Head)
+	seqs := seq.New(s.rdb, cfg.RedisPrefix, s.st.Heads)
 	// Acks are many and small: few workers and a long linger make big
 	// batches, so they cost few commits (WAL flushes) and leave the CPU to
 	// sends.

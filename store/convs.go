@@ -329,6 +329,35 @@ func (s *Store) AreCurrentMembers(ctx context.Context, convs, users []string) ([
 	return out, err
 }
 
+// Heads returns the highest committed seq of each of convs in one
+// statement, and for each conversation that does not exist, ErrNotFound
+// in its place in errs (errs is nil when all exist).
+func (s *Store) Heads(ctx context.Context, convs []string) (heads []int64, errs []error, err error) {
+	rows, err := s.pool.Query(ctx, `SELECT u.i, `+headSQL+`
+		FROM unnest($1::text[]) WITH ORDINALITY AS u(conv, i) JOIN conversations c ON c.conv_id = u.conv`, convs)
+	if err != nil {
+		return nil, nil, err
+	}
+	heads = make([]int64, len(convs))
+	found := make([]bool, len(convs))
+	var i, head int64
+	if _, err := pgx.ForEachRow(rows, []any{&i, &head}, func() error {
+		heads[i-1], found[i-1] = head, true
+		return nil
+	}); err != nil {
+		return nil, nil, err
+	}
+	for j, ok := range found {
+		if !ok {
+			if errs == nil {
+				errs = make([]error, len(convs))
+			}
+			errs[j] = ErrNotFound
+		}
+	}
+	return heads, errs, nil
+}
+
 // Head returns the conversation's highest committed seq, or ErrNotFound.
 func (s *Store) Head(ctx context.Context, conv string) (int64, error) {
 	var head int64

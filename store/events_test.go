@@ -127,3 +127,24 @@ func TestBigMembershipsOf(t *testing.T) {
 		t.Fatalf("big memberships: %v", got)
 	}
 }
+
+// Heads reads many conversations' heads in one statement; a conversation
+// that does not exist gets ErrNotFound in its place.
+func TestHeads(t *testing.T) {
+	env, st, ctx := startStore(t)
+	env.Group(t, "g", "ana", "ben") // seq 1
+	env.Group(t, "h", "ana", "cy")
+	if _, err := st.InsertMessages(ctx, []store.NewMessage{{Conv: "h", Sender: "ana", Cmid: "x", Body: []byte("x"), Seq: 2, Ts: 1}}, 0); err != nil {
+		t.Fatal(err)
+	}
+	heads, errs, err := st.Heads(ctx, []string{"h", "nope", "g"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if heads[0] != 2 || heads[2] != 1 || errs == nil || errs[0] != nil || !errors.Is(errs[1], store.ErrNotFound) || errs[2] != nil {
+		t.Fatalf("Heads(h, nope, g) = %v, %v; want [2 _ 1], ErrNotFound for nope only", heads, errs)
+	}
+	if _, errs, err := st.Heads(ctx, []string{"g"}); err != nil || errs != nil {
+		t.Fatalf("Heads(g): errs %v, err %v; want none", errs, err)
+	}
+}
