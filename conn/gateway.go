@@ -27,6 +27,7 @@ import (
 	"github.com/parley-im/parley/cursor"
 	"github.com/parley-im/parley/eventlog"
 	"github.com/parley-im/parley/fanout"
+	"github.com/parley-im/parley/internal/combine"
 	"github.com/parley-im/parley/jwtauth"
 	"github.com/parley-im/parley/route"
 	"github.com/parley-im/parley/store"
@@ -87,10 +88,10 @@ type Gateway struct {
 	addrs        *addrLimits // static: addr_max_conns, addr_auth_rate
 	notices      notices     // recent revocations and suspensions (lifecycle.go)
 	// Reads of many connections answered together (combine.go).
-	snapshots  combiner[store.SnapshotQuery, []store.SnapshotItem]
-	lookups    combiner[string, deviceLookup]          // auth: device id -> row
-	provisions combiner[store.NewLogin, deviceLookup]  // JWT auth: create the user and device if new
-	onlines    combiner[fanout.OnlineDevice, struct{}] // auth: join the big conversations' online index
+	snapshots  combine.Combiner[store.SnapshotQuery, []store.SnapshotItem]
+	lookups    combine.Combiner[string, deviceLookup]          // auth: device id -> row
+	provisions combine.Combiner[store.NewLogin, deviceLookup]  // JWT auth: create the user and device if new
+	onlines    combine.Combiner[fanout.OnlineDevice, struct{}] // auth: join the big conversations' online index
 
 	members         memberLists     // current members, for typing and receipts
 	pendingReceipts pendingReceipts // receipts waiting for their window

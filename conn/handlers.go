@@ -211,7 +211,7 @@ func (g *Gateway) auth(ctx context.Context, s *Session, req *wire.Request) {
 		}
 	}
 	if g.deps.Online != nil {
-		if _, err := g.onlines.do(ctx, fanout.OnlineDevice{User: s.user, Device: s.device, Token: s.token}); err != nil {
+		if _, err := g.onlines.Do(ctx, fanout.OnlineDevice{User: s.user, Device: s.device, Token: s.token}); err != nil {
 			// Pushes of big groups miss this device until it reconnects;
 			// its sync and hints still find everything.
 			g.log.Warn("joining the online index", "device", s.device, "err", err)
@@ -235,7 +235,7 @@ func (g *Gateway) auth(ctx context.Context, s *Session, req *wire.Request) {
 // device, or the error to refuse the auth with and the result to count.
 func (g *Gateway) checkToken(ctx context.Context, s *Session, req *wire.Request) (store.Device, string, *wire.Error) {
 	// Looked up together with the other auths arriving meanwhile.
-	found, err := g.lookups.do(ctx, req.Device)
+	found, err := g.lookups.Do(ctx, req.Device)
 	if err != nil {
 		return store.Device{}, authBackend, g.wireError(s, req, err)
 	}
@@ -492,7 +492,7 @@ func (g *Gateway) snapshot(ctx context.Context, s *Session, req *wire.Request) {
 	for i, c := range req.Convs {
 		convs[i], afters[i] = c.Conv, c.After
 	}
-	items, err := g.snapshots.do(ctx, store.SnapshotQuery{User: s.user, Convs: convs, Afters: afters})
+	items, err := g.snapshots.Do(ctx, store.SnapshotQuery{User: s.user, Convs: convs, Afters: afters})
 	if err != nil {
 		g.answer(s, req, err, nil)
 		return

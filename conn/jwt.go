@@ -37,7 +37,7 @@ func (g *Gateway) checkJWT(ctx context.Context, s *Session, req *wire.Request) (
 		result, we := jwtError(err)
 		return store.Device{}, time.Time{}, result, we
 	}
-	found, err := g.lookups.do(ctx, c.Device)
+	found, err := g.lookups.Do(ctx, c.Device)
 	if err != nil {
 		return store.Device{}, time.Time{}, authBackend, g.wireError(s, req, err)
 	}
@@ -48,7 +48,7 @@ func (g *Gateway) checkJWT(ctx context.Context, s *Session, req *wire.Request) (
 		}
 		// Created together with the other first logins arriving meanwhile;
 		// a concurrent first login of the same device creates nothing more.
-		if found, err = g.provisions.do(ctx, store.NewLogin{User: c.User, Device: c.Device}); err != nil {
+		if found, err = g.provisions.Do(ctx, store.NewLogin{User: c.User, Device: c.Device}); err != nil {
 			return store.Device{}, time.Time{}, authBackend, g.wireError(s, req, err)
 		}
 		if !found.found {
@@ -107,7 +107,7 @@ func (g *Gateway) checkRefresh(ctx context.Context, s *Session, req *wire.Reques
 	}
 	// The device's row again: a revocation or suspension whose notice this
 	// gateway missed still ends the session here.
-	found, err := g.lookups.do(ctx, c.Device)
+	found, err := g.lookups.Do(ctx, c.Device)
 	if err != nil {
 		return authBackend, g.wireError(s, req, err)
 	}

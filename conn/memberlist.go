@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/parley-im/parley/internal/combine"
 	"github.com/parley-im/parley/store"
 )
 
@@ -26,8 +27,8 @@ import (
 // thousands of conversations cost a few statements instead of a query
 // each (8,000 groups took seconds, and typing frames waited as long).
 type memberLists struct {
-	loads combiner[string, []string] // set by initCombiners
-	spawn func(func())               // starts a goroutine (Gateway.goroutine)
+	loads combine.Combiner[string, []string] // set by initCombiners
+	spawn func(func())                       // starts a goroutine (Gateway.goroutine)
 
 	mu sync.Mutex
 	m  map[string]memberList // guarded by mu
@@ -69,7 +70,7 @@ func (l *memberLists) load(conv string, now time.Time, done func([]string, error
 	l.spawn(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), memberLoadWait)
 		defer cancel()
-		done(l.loads.do(ctx, conv))
+		done(l.loads.Do(ctx, conv))
 	})
 }
 
@@ -82,7 +83,7 @@ func (l *memberLists) get(ctx context.Context, conv string, now time.Time) ([]st
 	if users, ok := l.cached(conv, now); ok {
 		return users, nil
 	}
-	return l.loads.do(ctx, conv)
+	return l.loads.Do(ctx, conv)
 }
 
 // read is the combined read: the lists of convs in one statement, kept

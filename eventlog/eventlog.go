@@ -160,7 +160,7 @@ func New(st *store.Store, seqs *seq.Allocator, cfg Config, log *slog.Logger, onC
 		ttl = 5 * time.Second
 	}
 	l := &Log{st: st, seqs: seqs, cfg: cfg, log: log, onCommit: onCommit, now: time.Now,
-		members: newMemberCache(st, ttl, cfg.MemberLookups)}
+		members: newMemberCache(st, ttl, cfg.MemberLookups, log)}
 	l.sends = batch.New(cfg.CommitWorkers, cfg.CommitBatch, cfg.CommitBatch*cfg.CommitWorkers*4, cfg.CommitLinger, l.allocate, l.commitSends, cfg.BatchSizes, cfg.Stages.Queue)
 	l.stop = make(chan struct{})
 	l.wg.Add(2)

@@ -2,9 +2,11 @@ package eventlog
 
 import (
 	"context"
+	"log/slog"
 	"sync"
 	"time"
 
+	"github.com/parley-im/parley/internal/combine"
 	"github.com/parley-im/parley/internal/periodic"
 	"github.com/parley-im/parley/store"
 )
@@ -46,7 +48,19 @@ type memberCache struct {
 	// A lookup or refresh whose read began before that may have read the
 	// state the forget is about, and does not store its answer.
 	forgot map[memberKey]time.Time
+
+	// misses reads the keys that sends wait for, many in one statement:
+	// after a start, a Redis flush or a wave of forgets, thousands of
+	// senders' first sends miss at once, and one round trip each (with
+	// PostgreSQL planning each anew) stalled a core for seconds.
+	misses combine.Combiner[memberKey, store.MemberState]
 }
+
+// Cache misses: statements at once, and keys per statement.
+const (
+	missWorkers = 2
+	missBatch   = 1000
+)
 
 // forgetKeep bounds how long a forget is remembered: longer than any
 // lookup or refresh statement runs (both are bounded by their context).
@@ -62,9 +76,18 @@ type memberEntry struct {
 
 const memberCacheMax = 200000
 
-func newMemberCache(st *store.Store, ttl time.Duration, counts MemberLookups) *memberCache {
-	return &memberCache{st: st, ttl: ttl, entries: map[memberKey]*memberEntry{}, used: map[memberKey]struct{}{}, counts: counts,
+func newMemberCache(st *store.Store, ttl time.Duration, counts MemberLookups, log *slog.Logger) *memberCache {
+	m := &memberCache{st: st, ttl: ttl, entries: map[memberKey]*memberEntry{}, used: map[memberKey]struct{}{}, counts: counts,
 		forgot: map[memberKey]time.Time{}}
+	m.misses = combine.Combiner[memberKey, store.MemberState]{Workers: missWorkers, Max: missBatch, Timeout: 10 * time.Second, Log: log,
+		Run: func(ctx context.Context, keys []memberKey) ([]store.MemberState, error) {
+			convs, users := make([]string, len(keys)), make([]string, len(keys))
+			for i, k := range keys {
+				convs[i], users[i] = k.conv, k.user
+			}
+			return st.AreCurrentMembers(ctx, convs, users)
+		}}
+	return m
 }
 
 // lookup returns whether user is a current member of conv, and its mute.
@@ -89,14 +112,16 @@ func (m *memberCache) lookup(ctx context.Context, user, conv string) (store.Memb
 	if m.counts.Waited != nil {
 		m.counts.Waited.Add(1)
 	}
-	member, err := m.st.AreCurrentMembers(ctx, []string{conv}, []string{user})
-	if err != nil || !member[0].Member {
+	// The statement starts after now (never one already running), so a
+	// forget since now may be what it read about.
+	st, err := m.misses.Do(ctx, key)
+	if err != nil || !st.Member {
 		return store.MemberState{}, err
 	}
 	m.mu.Lock()
 	if m.forgotSince(key, now) { // answered; not kept
 		m.mu.Unlock()
-		return member[0], nil
+		return st, nil
 	}
 	if len(m.entries) >= memberCacheMax {
 		// Full: drop the expired entries; only if that is not enough,
@@ -112,10 +137,10 @@ func (m *memberCache) lookup(ctx context.Context, user, conv string) (store.Memb
 			clear(m.used)
 		}
 	}
-	m.entries[key] = &memberEntry{exp: now.Add(m.ttl), mutedUntil: member[0].MutedUntil}
+	m.entries[key] = &memberEntry{exp: now.Add(m.ttl), mutedUntil: st.MutedUntil}
 	delete(m.used, key)
 	m.mu.Unlock()
-	return member[0], nil
+	return st, nil
 }
 
 // isMember reports whether user is a current member of conv.

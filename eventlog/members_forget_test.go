@@ -46,7 +46,7 @@ func TestMemberCacheForgetBeatsOlderReads(t *testing.T) {
 	}
 	muted := time.Now().Add(time.Hour).UnixMilli()
 	setMute(muted)
-	m := newMemberCache(st, time.Minute, MemberLookups{})
+	m := newMemberCache(st, time.Minute, MemberLookups{}, nil)
 	key := memberKey{"mem", "g"}
 	if s, err := m.lookup(ctx, "mem", "g"); err != nil || s.MutedUntil != muted {
 		t.Fatalf("lookup %+v %v", s, err)

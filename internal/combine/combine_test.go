@@ -1,4 +1,4 @@
-package conn
+package combine
 
 import (
 	"context"
@@ -12,7 +12,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/parley-im/parley/config"
 	"github.com/parley-im/parley/test/testenv"
 )
 
@@ -24,15 +23,15 @@ import (
 // up is dropped; a failed batch is retried request by request so one bad
 // request fails only itself.
 func TestCombiner(t *testing.T) {
-	g := &Gateway{cfg: config.Default(), log: slog.New(slog.DiscardHandler)}
 	var mu sync.Mutex
 	var batches [][]int
 	release := make(chan struct{})
 	started := make(chan struct{}, 16)
-	b := &combiner[int, int]{
-		g: g, workers: 1, max: 10, weight: func(q int) int { return map[bool]int{true: 100, false: 1}[q == 100] },
-		sizes: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "x"}),
-		run: func(ctx context.Context, qs []int) ([]int, error) {
+	b := &Combiner[int, int]{
+		Workers: 1, Max: 10, Weight: func(q int) int { return map[bool]int{true: 100, false: 1}[q == 100] },
+		Sizes:   prometheus.NewHistogram(prometheus.HistogramOpts{Name: "x"}),
+		Timeout: 10 * time.Second, Log: slog.New(slog.DiscardHandler),
+		Run: func(ctx context.Context, qs []int) ([]int, error) {
 			mu.Lock()
 			batches = append(batches, slices.Clone(qs))
 			mu.Unlock()
@@ -52,7 +51,7 @@ func TestCombiner(t *testing.T) {
 	results := make(chan result, 16)
 	errs := make(chan error, 16)
 	do := func(ctx context.Context, q int) {
-		r, err := b.do(ctx, q)
+		r, err := b.Do(ctx, q)
 		if err != nil {
 			errs <- err
 			return
@@ -96,7 +95,7 @@ func TestCombiner(t *testing.T) {
 	}
 }
 
-func waitQueued(t *testing.T, b *combiner[int, int], n int) {
+func waitQueued(t *testing.T, b *Combiner[int, int], n int) {
 	t.Helper()
 	testenv.CheckFor(t, 5*time.Second, time.Millisecond, func() error {
 		b.mu.Lock()

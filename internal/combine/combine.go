@@ -1,0 +1,173 @@
+// Package combine answers many callers' reads of the same kind with one
+// database statement: while a few statements run, the requests that
+// arrive queue up and go into the next statement together.
+package combine
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/parley-im/parley/internal/backend"
+)
+
+// Observer takes one measurement (prometheus.Observer fits).
+type Observer interface{ Observe(float64) }
+
+// A Combiner answers the same kind of read for many callers with one
+// database statement. After a reconnect storm thousands of devices
+// authenticate and ask for a snapshot at once, most of them about the
+// same few conversations as other members of those conversations. While
+// `workers` statements are running, the requests that arrive queue up and
+// go into the next statement together, up to `max` weight: one round trip
+// for all of them, and what they have in common read once (see
+// store.SnapshotBatch). A lone request runs at once. The queue holds at
+// most one request per connection (a connection's snapshots and auth run
+// one at a time).
+//
+// Combining never serves stale data: a request only ever joins a
+// statement that starts after it arrived (never one already running), so
+// its answer is as fresh as if it had run alone; and each request still
+// gets its own answer (a snapshot's periods, read position, unread count
+// and visible events stay per user).
+type Combiner[Q, R any] struct {
+	// Set before the first Do, then never changed.
+	Workers int
+	Max     int                                            // most weight in one batch (a lone request may exceed it)
+	Weight  func(q Q) int                                  // nil: 1 per request
+	Run     func(ctx context.Context, qs []Q) ([]R, error) // one result per request, in order
+	Sizes   Observer                                       // nil: batch sizes not observed
+	Timeout time.Duration                                  // bounds each statement
+	Log     *slog.Logger                                   // nil: slog.Default()
+	// Go starts a worker (nil: a plain goroutine); the gateway tracks
+	// them, so that a shutdown waits for their statements.
+	Go func(func())
+
+	mu      sync.Mutex
+	queue   []*combined[Q, R] // guarded by mu
+	running int               // workers running; guarded by mu
+}
+
+type combined[Q, R any] struct {
+	ctx  context.Context
+	q    Q
+	r    R // set before done is closed
+	err  error
+	done chan struct{}
+}
+
+// Do answers q, in a batch with whatever else is waiting.
+func (b *Combiner[Q, R]) Do(ctx context.Context, q Q) (R, error) {
+	c := &combined[Q, R]{ctx: ctx, q: q, done: make(chan struct{})}
+	b.mu.Lock()
+	b.queue = append(b.queue, c)
+	start := b.running < b.Workers
+	if start {
+		b.running++
+	}
+	b.mu.Unlock()
+	if start {
+		if b.Go != nil {
+			b.Go(b.work)
+		} else {
+			go b.work()
+		}
+	}
+	select {
+	case <-c.done:
+		return c.r, c.err
+	case <-ctx.Done():
+		var zero R
+		return zero, ctx.Err() // it is dropped from the queue when its turn comes
+	}
+}
+
+// work runs batches until the queue is empty.
+func (b *Combiner[Q, R]) work() {
+	for {
+		batch := b.take()
+		if batch == nil {
+			return
+		}
+		b.runBatch(batch)
+	}
+}
+
+// take removes the next batch from the queue: at least one request, and
+// more while they fit in max. Requests whose caller gave up are dropped.
+// nil: the queue is empty and the worker ends.
+func (b *Combiner[Q, R]) take() []*combined[Q, R] {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var batch []*combined[Q, R]
+	n, weight := 0, 0
+	for ; n < len(b.queue); n++ {
+		c := b.queue[n]
+		if c.ctx.Err() != nil {
+			continue
+		}
+		w := 1
+		if b.Weight != nil {
+			w = b.Weight(c.q)
+		}
+		if len(batch) > 0 && weight+w > b.Max {
+			break
+		}
+		batch = append(batch, c)
+		weight += w
+	}
+	clear(b.queue[:n])
+	b.queue = b.queue[n:]
+	if len(b.queue) == 0 {
+		b.queue = nil
+	}
+	if batch == nil {
+		b.running--
+	}
+	return batch
+}
+
+func (b *Combiner[Q, R]) runBatch(batch []*combined[Q, R]) {
+	if b.Sizes != nil {
+		b.Sizes.Observe(float64(len(batch)))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), b.Timeout)
+	defer cancel()
+	qs := make([]Q, len(batch))
+	for i, c := range batch {
+		qs[i] = c.q
+	}
+	var zero R
+	rs, err := b.Run(ctx, qs)
+	if err != nil && len(batch) > 1 && !backend.IsUnavailable(err) {
+		// Not a backend outage: run each request alone, so whatever made
+		// the statement fail fails only its own request.
+		log := b.Log
+		if log == nil {
+			log = slog.Default()
+		}
+		log.Warn("combined read failed; running its requests one by one", "requests", len(batch), "err", err)
+		for _, c := range batch {
+			one, err := b.Run(ctx, []Q{c.q})
+			if err != nil {
+				c.finish(zero, err)
+			} else {
+				c.finish(one[0], nil)
+			}
+		}
+		return
+	}
+	for i, c := range batch {
+		if err != nil {
+			c.finish(zero, err)
+		} else {
+			c.finish(rs[i], nil)
+		}
+	}
+}
+
+func (c *combined[Q, R]) finish(r R, err error) {
+	c.r, c.err = r, err
+	close(c.done)
+}
