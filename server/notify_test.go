@@ -645,11 +645,19 @@ func TestNotifyReinstallDeletesRegistration(t *testing.T) {
 	if _, err := c2.Do(ctx(t), wire.Request{T: wire.TNotifyUnregister}); err != nil {
 		t.Fatal(err)
 	}
-	c2.Close()
 	d = device{}
-	if env.Admin(t, "GET", "/v1/devices/"+ben[1].ID, nil, &d); d.Notify != nil || d.Connected {
+	if env.Admin(t, "GET", "/v1/devices/"+ben[1].ID, nil, &d); d.Notify != nil {
 		t.Fatalf("after unregister: %+v", d)
 	}
+	// The server learns of a client's close when its gateway reads it.
+	c2.Close()
+	testenv.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		d = device{}
+		if env.Admin(t, "GET", "/v1/devices/"+ben[1].ID, nil, &d); d.Notify != nil || d.Connected {
+			return fmt.Errorf("after unregister and close: %+v", d)
+		}
+		return nil
+	})
 	if st := env.Admin(t, "GET", "/v1/devices/nope", nil, nil); st != 404 {
 		t.Fatalf("unknown device: %d", st)
 	}
