@@ -459,10 +459,12 @@ func (l *Log) Create(ctx context.Context, cs ...store.NewConversation) error {
 		ids[i] = c.ID
 	}
 	l.joined(ctx, ids) // before the joins are pushed
-	for _, c := range cs {
-		if err := l.seqs.Reseed(ctx, c.ID); err != nil {
-			l.log.Warn("seeding seq counter", "conv", c.ID, "err", err)
+	for i, err := range l.seqs.ReseedMany(ctx, ids) {
+		if err != nil {
+			l.log.Warn("seeding seq counter", "conv", ids[i], "err", err)
 		}
+	}
+	for _, c := range cs {
 		l.committed(store.MembershipChange{Conv: c.ID, Actor: c.Actor, Seq: 1, Ts: ts}, store.KindJoin, c.Members, "", int64(len(c.Members)))
 	}
 	return nil

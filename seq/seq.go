@@ -95,7 +95,7 @@ func (a *Allocator) allocAfterReseed(ctx context.Context, convs []string, ns []i
 	for j, i := range missing {
 		mconvs[j] = convs[i]
 	}
-	serrs := a.reseed(ctx, mconvs)
+	serrs := a.ReseedMany(ctx, mconvs)
 	keys := make([]string, 0, len(missing))
 	args := make([]any, 0, len(missing))
 	var idx []int
@@ -136,13 +136,13 @@ func (a *Allocator) AllocOne(ctx context.Context, conv string) (int64, error) {
 
 // Reseed raises conv's counter to at least the highest committed seq.
 func (a *Allocator) Reseed(ctx context.Context, conv string) error {
-	return a.reseed(ctx, []string{conv})[0]
+	return a.ReseedMany(ctx, []string{conv})[0]
 }
 
-// reseed raises the counters of convs (distinct) to at least their
+// ReseedMany raises the counters of convs (distinct) to at least their
 // highest committed seqs: one statement and one pipeline for all. It
 // returns each one's error (nil: re-seeded).
-func (a *Allocator) reseed(ctx context.Context, convs []string) []error {
+func (a *Allocator) ReseedMany(ctx context.Context, convs []string) []error {
 	errs := make([]error, len(convs))
 	floors, ferrs, err := a.floor(ctx, convs)
 	if err != nil {

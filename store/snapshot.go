@@ -206,18 +206,48 @@ type rangeKey struct {
 }
 
 // snapshotRows runs snapshotSQL and hands each row to f (hdr.Skipped
-// carries the row's total).
-//
-// The statement runs in a read-only transaction that forces a generic
-// plan, pipelined with it in one round trip: planning this statement
-// anew for every execution (what PostgreSQL chooses on its own, as its
-// estimates depend on the array lengths) costs more than running it.
+// carries the row's total), with the generic plan (genericRows): planning
+// this statement anew for every execution (what PostgreSQL chooses on its
+// own, as its estimates depend on the array lengths) costs more than
+// running it.
 func (s *Store) snapshotRows(ctx context.Context, users, convs []string, afters []int64, fullMax, tail int,
 	f func(t, k int64, key rangeKey, hdr SnapshotItem, froms, tos []int64, e Event)) error {
+	return s.genericRows(ctx, snapshotSQL, []any{users, convs, afters, int64(fullMax), int64(tail)}, func(rows pgx.Rows) error {
+		var t, k int64
+		var key rangeKey
+		var hdr SnapshotItem
+		var froms, tos []int64
+		var e Event
+		var attrs []byte
+		if err := rows.Scan(&t, &k, &key.conv, &key.after, &hdr.Head, &hdr.Read, &hdr.Unread, &hdr.Skipped, &froms, &tos,
+			&e.Seq, &e.Kind, &e.Sender, &e.Cmid, &e.Body, &e.Ts, &e.Recalled, &e.Target, &e.Users, &e.Edited, &attrs); err != nil {
+			return err
+		}
+		if err := e.Update.decode(attrs); err != nil {
+			return err
+		}
+		f(t, k, key, hdr, froms, tos, e)
+		return nil
+	})
+}
+
+// genericRows runs sql, a read, with PostgreSQL's generic plan, and calls
+// scan for each row (an error it returns ends the call). The statement
+// runs in a read-only transaction that sets plan_cache_mode to
+// force_generic_plan, pipelined with it in one round trip. PostgreSQL
+// plans a prepared lookup by an array of ids anew on every execution
+// while its custom plan looks cheaper than the generic one, which for a
+// short array it always does: in a 10,000-device reconnect storm the
+// device and membership lookups spent twice as long planning as
+// executing. sql must be written so that no plan but index lookups per
+// array element makes sense (LATERAL subqueries with LIMIT, scalar
+// subqueries): a generic plan is made once per connection, maybe while
+// the tables are small, and kept as they grow.
+func (s *Store) genericRows(ctx context.Context, sql string, args []any, scan func(pgx.Rows) error) error {
 	var b pgx.Batch
 	b.Queue(`BEGIN READ ONLY`)
 	b.Queue(`SET LOCAL plan_cache_mode = force_generic_plan`)
-	b.Queue(snapshotSQL, users, convs, afters, int64(fullMax), int64(tail))
+	b.Queue(sql, args...)
 	b.Queue(`COMMIT`)
 	br := s.pool.SendBatch(ctx, &b)
 	defer br.Close()
@@ -231,22 +261,10 @@ func (s *Store) snapshotRows(ctx context.Context, users, convs []string, afters 
 		return err
 	}
 	for rows.Next() {
-		var t, k int64
-		var key rangeKey
-		var hdr SnapshotItem
-		var froms, tos []int64
-		var e Event
-		var attrs []byte
-		if err := rows.Scan(&t, &k, &key.conv, &key.after, &hdr.Head, &hdr.Read, &hdr.Unread, &hdr.Skipped, &froms, &tos,
-			&e.Seq, &e.Kind, &e.Sender, &e.Cmid, &e.Body, &e.Ts, &e.Recalled, &e.Target, &e.Users, &e.Edited, &attrs); err != nil {
+		if err := scan(rows); err != nil {
 			rows.Close()
 			return err
 		}
-		if err := e.Update.decode(attrs); err != nil {
-			rows.Close()
-			return err
-		}
-		f(t, k, key, hdr, froms, tos, e)
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {

@@ -82,11 +82,17 @@ func (s *Store) DevicesByID(ctx context.Context, ids []string) ([]Device, error)
 	if len(ok) == 0 {
 		return nil, nil
 	}
-	rows, err := s.pool.Query(ctx, `SELECT `+deviceColumns+` FROM devices d JOIN users u USING (user_id) WHERE d.device_id = ANY($1)`, ok)
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Device, error) { return scanDevice(r) })
+	// Every auth looks its device up, many per statement (the gateway
+	// combines them): with the generic plan, index lookups per id.
+	var out []Device
+	err := s.genericRows(ctx, `SELECT `+deviceColumns+` FROM unnest($1::text[]) AS k(id)
+		CROSS JOIN LATERAL (SELECT * FROM devices d WHERE d.device_id = k.id LIMIT 1) d
+		CROSS JOIN LATERAL (SELECT * FROM users u WHERE u.user_id = d.user_id LIMIT 1) u`, []any{ok}, func(rows pgx.Rows) error {
+		d, err := scanDevice(rows)
+		out = append(out, d)
+		return err
+	})
+	return out, err
 }
 
 // Reinstall starts a new install of the device: install_epoch + 1, its
