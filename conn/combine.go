@@ -5,6 +5,7 @@ import (
 
 	"github.com/parley-im/parley/fanout"
 	"github.com/parley-im/parley/internal/combine"
+	"github.com/parley-im/parley/route"
 	"github.com/parley-im/parley/store"
 )
 
@@ -18,6 +19,9 @@ const (
 	memberLoadMax = 1000
 	// authBatch is the most devices one auth lookup reads.
 	authBatch = 256
+	// disconnectBatch is the most closed connections one pair of Redis
+	// pipelines removes.
+	disconnectBatch = 1000
 	// combineWorkers is how many statements of each kind may run at once.
 	combineWorkers = 4
 	// provisionWorkers is how many provisioning statements (first JWT
@@ -105,5 +109,14 @@ func (g *Gateway) initCombiners() {
 			return make([]struct{}, len(devs)), g.deps.Online(ctx, devs)
 		},
 		Sizes: g.metrics.combined.WithLabelValues("online"),
+	}
+	// Each closed connection leaves the route table and the online index:
+	// after a network blip or a gateway restart thousands close at once.
+	g.disconnects = combine.Combiner[route.Disconnected, struct{}]{
+		Workers: combineWorkers, Max: disconnectBatch, Timeout: g.cfg.RequestTimeout, Log: g.log, Go: g.goroutine,
+		Run: func(ctx context.Context, cs []route.Disconnected) ([]struct{}, error) {
+			return make([]struct{}, len(cs)), g.deps.Routes.Disconnect(ctx, cs)
+		},
+		Sizes: g.metrics.combined.WithLabelValues("disconnect"),
 	}
 }

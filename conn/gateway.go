@@ -88,10 +88,11 @@ type Gateway struct {
 	addrs        *addrLimits // static: addr_max_conns, addr_auth_rate
 	notices      notices     // recent revocations and suspensions (lifecycle.go)
 	// Reads of many connections answered together (combine.go).
-	snapshots  combine.Combiner[store.SnapshotQuery, []store.SnapshotItem]
-	lookups    combine.Combiner[string, deviceLookup]          // auth: device id -> row
-	provisions combine.Combiner[store.NewLogin, deviceLookup]  // JWT auth: create the user and device if new
-	onlines    combine.Combiner[fanout.OnlineDevice, struct{}] // auth: join the big conversations' online index
+	snapshots   combine.Combiner[store.SnapshotQuery, []store.SnapshotItem]
+	lookups     combine.Combiner[string, deviceLookup]          // auth: device id -> row
+	provisions  combine.Combiner[store.NewLogin, deviceLookup]  // JWT auth: create the user and device if new
+	onlines     combine.Combiner[fanout.OnlineDevice, struct{}] // auth: join the big conversations' online index
+	disconnects combine.Combiner[route.Disconnected, struct{}]  // close: leave the route table and the online index
 
 	members         memberLists     // current members, for typing and receipts
 	pendingReceipts pendingReceipts // receipts waiting for their window
@@ -375,11 +376,8 @@ func (g *Gateway) OnClose(c gnet.Conn, _ error) gnet.Action {
 			s.flushAcks(nil) // the acks it held still count
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			defer cancel()
-			if err := g.deps.Routes.Unregister(ctx, s.user, s.device, s.token); err != nil {
-				g.log.Debug("unregistering route", "device", s.device, "err", err)
-			}
-			if err := g.deps.Routes.RemoveOnline(ctx, s.device, s.token); err != nil {
-				g.log.Debug("leaving the online index", "device", s.device, "err", err)
+			if _, err := g.disconnects.Do(ctx, route.Disconnected{User: s.user, Device: s.device, Token: s.token}); err != nil {
+				g.log.Debug("leaving the route table and the online index", "device", s.device, "err", err)
 			}
 		})
 	}

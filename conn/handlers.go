@@ -15,6 +15,7 @@ import (
 	"github.com/parley-im/parley/eventlog"
 	"github.com/parley-im/parley/fanout"
 	"github.com/parley-im/parley/internal/backend"
+	"github.com/parley-im/parley/route"
 	"github.com/parley-im/parley/store"
 	"github.com/parley-im/parley/wire"
 )
@@ -218,8 +219,7 @@ func (g *Gateway) auth(ctx context.Context, s *Session, req *wire.Request) {
 		}
 	}
 	if s.closed.Load() { // closed while authenticating: undo the route
-		_ = g.deps.Routes.Unregister(ctx, s.user, s.device, s.token)
-		_ = g.deps.Routes.RemoveOnline(ctx, s.device, s.token)
+		_, _ = g.disconnects.Do(ctx, route.Disconnected{User: s.user, Device: s.device, Token: s.token})
 		return
 	}
 	g.log.Debug("authenticated", "device", dev.ID, "user", dev.User, "addr", s.addr, "websocket", s.ws != nil, "method", method)
