@@ -57,24 +57,30 @@ SELECT f.head, w.cleared, w.read, w.read > coalesce(w.prev_read, 0), u.unread
 // ErrCursorAhead if seq is above head; neither changes anything.
 func (s *Store) Clear(ctx context.Context, user, conv string, seq int64) (ClearResult, error) {
 	var r ClearResult
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, lockExclusiveSQL, lockKeys(readLockNS, []string{user})); err != nil {
-			return err
-		}
-		var head int64
-		var cleared, read, unread *int64
-		var advanced *bool
-		err := tx.QueryRow(ctx, clearSQL, user, conv, seq, int64(math.MaxInt64)).Scan(&head, &cleared, &read, &advanced, &unread)
-		switch {
-		case err == pgx.ErrNoRows:
-			return ErrNotMember
-		case err != nil:
-			return err
-		case cleared == nil:
-			return ErrCursorAhead
-		}
-		r = ClearResult{Cleared: *cleared, Read: *read, Unread: *unread, ReadAdvanced: *advanced}
-		return nil
-	})
-	return r, err
+	found, ahead := false, false
+	err := s.lockedRowsGeneric(ctx, lockExclusiveSQL, lockKeys(readLockNS, []string{user}),
+		clearSQL, []any{user, conv, seq, int64(math.MaxInt64)}, func(rows pgx.Rows) error {
+			var head int64
+			var cleared, read, unread *int64
+			var advanced *bool
+			if err := rows.Scan(&head, &cleared, &read, &advanced, &unread); err != nil {
+				return err
+			}
+			found = true
+			if cleared == nil {
+				ahead = true
+				return nil
+			}
+			r = ClearResult{Cleared: *cleared, Read: *read, Unread: *unread, ReadAdvanced: *advanced}
+			return nil
+		})
+	switch {
+	case err != nil:
+		return ClearResult{}, err
+	case !found:
+		return ClearResult{}, ErrNotMember
+	case ahead:
+		return ClearResult{}, ErrCursorAhead
+	}
+	return r, nil
 }

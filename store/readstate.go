@@ -116,7 +116,7 @@ func (s *Store) MarkReads(ctx context.Context, ups []ReadUpdate) ([]ReadResult, 
 func (s *Store) markReads(ctx context.Context, users, convs []string, seqs []int64, out []ReadResult) error {
 	// The merged positions are durable once lockedRows returns nil (the
 	// transaction commits at the end of the batch).
-	return s.lockedRows(ctx, lockExclusiveSQL, lockKeys(readLockNS, users),
+	return s.lockedRowsGeneric(ctx, lockExclusiveSQL, lockKeys(readLockNS, users),
 		markReadsSQL, []any{users, convs, seqs, int64(math.MaxInt64)},
 		func(rows pgx.Rows) error {
 			var idx, n, head, unread int64
