@@ -252,6 +252,15 @@ func allocate(ctx context.Context, tx pgx.Tx, ch *MembershipChange) error {
 	if err := tx.QueryRow(ctx, `SELECT `+headSQL+` FROM conversations c WHERE c.conv_id = $1`, ch.Conv).Scan(&head); err != nil {
 		return err
 	}
+	return allocateAbove(ctx, ch, head)
+}
+
+// allocateAbove is allocate for a caller that read the conversation's head
+// under the change lock itself.
+func allocateAbove(ctx context.Context, ch *MembershipChange, head int64) error {
+	if ch.Alloc == nil {
+		return nil
+	}
 	seq, err := ch.Alloc(ctx)
 	if err != nil {
 		return err

@@ -34,57 +34,82 @@ type EditResult struct {
 func (s *Store) Edit(ctx context.Context, ch *MembershipChange, target int64, body []byte, windowMs int64) (EditResult, error) {
 	r := EditResult{Target: target}
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		actor, err := lockActor(ctx, tx, ch)
-		if err != nil {
-			if errors.Is(err, ErrNotFound) {
-				return ErrNotMember // no such conversation: nobody is a member
-			}
+		// Every round trip made under the change lock holds up each send
+		// batch with a message to this conversation (sends take the lock
+		// shared), so the lock and everything the checks read go in one
+		// round trip, and both writes in another. The read starts once the
+		// lock is held, so it sees every change committed before.
+		b := &pgx.Batch{}
+		b.Queue(`SELECT pg_advisory_xact_lock($1)`, changeLockKey(ch.Conv))
+		b.Queue(editFactsSQL, ch.Conv, ch.Actor, target)
+		br := tx.SendBatch(ctx, b)
+		if _, err := br.Exec(); err != nil {
+			br.Close()
 			return err
 		}
-		if actor.mutedUntil > ch.Ts {
-			return MutedErr(actor.mutedUntil)
+		var f struct {
+			head, mutedUntil     int64
+			member, found        bool
+			sender               string
+			ts                   int64
+			recalledBy, editedBy *int64
+			cur                  []byte
 		}
-		var key int64
-		if err := tx.QueryRow(ctx, `SELECT conv_key, member_count FROM conversations WHERE conv_id = $1`, ch.Conv).Scan(&key, &r.Members); err != nil {
-			return err
+		err := br.QueryRow().Scan(&r.Members, &f.head, &f.member, &f.mutedUntil, &f.found, &f.sender, &f.ts, &f.recalledBy, &f.editedBy, &f.cur)
+		if cerr := br.Close(); err == nil {
+			err = cerr
 		}
-		var sender string
-		var ts int64
-		var recalledBy, editedBy *int64
-		var cur []byte
-		err = tx.QueryRow(ctx, `SELECT sender, ts, recalled_by, edited_by, coalesce(body, ''::bytea) FROM events
-			WHERE conv_key = $1 AND seq = $2 AND kind = 1 FOR UPDATE`,
-			key, target).Scan(&sender, &ts, &recalledBy, &editedBy, &cur)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
-			return ErrNoMessage
+			return ErrNotMember // no such conversation: nobody is a member
 		case err != nil:
 			return err
-		case recalledBy != nil:
+		case !f.member:
+			return ErrNotMember
+		case f.mutedUntil > ch.Ts:
+			return MutedErr(f.mutedUntil)
+		case !f.found || f.recalledBy != nil:
 			return ErrNoMessage
-		case sender != ch.Actor:
+		case f.sender != ch.Actor:
 			return ErrNotSender
-		case editedBy != nil && bytes.Equal(cur, body):
-			r.Seq, r.Again = *editedBy, true
+		case f.editedBy != nil && bytes.Equal(f.cur, body):
+			r.Seq, r.Again = *f.editedBy, true
 			return nil
-		case ch.Ts-ts > windowMs:
+		case ch.Ts-f.ts > windowMs:
 			return ErrEditWindow
 		}
-		if err := allocate(ctx, tx, ch); err != nil {
+		if err := allocateAbove(ctx, ch, f.head); err != nil {
 			return err
 		}
-		tag, err := tx.Exec(ctx, `INSERT INTO events (conv_key, seq, kind, sender, ts, target, body) VALUES ($1, $2, $6, $3, $4, $5, $7) ON CONFLICT DO NOTHING`,
-			key, ch.Seq, ch.Actor, ch.Ts, target, KindEdit, body)
+		tag, err := tx.Exec(ctx, `WITH ins AS (
+				INSERT INTO events (conv_key, seq, kind, sender, ts, target, body)
+				SELECT c.conv_key, $2, $6, $3, $4, $5, $7 FROM conversations c WHERE c.conv_id = $1
+				ON CONFLICT DO NOTHING RETURNING conv_key)
+			UPDATE events e SET body = $7, edited_ts = $4, edited_by = $2
+			  FROM ins WHERE e.conv_key = ins.conv_key AND e.seq = $5`,
+			ch.Conv, ch.Seq, ch.Actor, ch.Ts, target, KindEdit, body)
 		if err != nil {
 			return err
 		}
-		if tag.RowsAffected() == 0 {
+		if tag.RowsAffected() == 0 { // the insert conflicted: the seq is taken
 			return ErrSeqTaken
 		}
 		r.Seq = ch.Seq
-		_, err = tx.Exec(ctx, `UPDATE events SET body = $3, edited_ts = $4, edited_by = $5 WHERE conv_key = $1 AND seq = $2`,
-			key, target, body, ch.Ts, ch.Seq)
-		return err
+		return nil
 	})
 	return r, err
 }
+
+// editFactsSQL reads what an edit of message $3 by $2 in conversation $1
+// is checked against, under the change lock: the member count and head,
+// the editor's current membership and mute, and the message (locked). No
+// row: no such conversation.
+const editFactsSQL = `SELECT c.member_count, ` + headSQL + `,
+		m.role IS NOT NULL, coalesce(m.muted_until, 0),
+		t.seq IS NOT NULL, coalesce(t.sender, ''), coalesce(t.ts, 0), t.recalled_by, t.edited_by, coalesce(t.body, ''::bytea)
+	FROM conversations c
+	LEFT JOIN LATERAL (SELECT role, muted_until FROM membership_periods
+	                   WHERE conv_id = c.conv_id AND user_id = $2 AND to_seq IS NULL LIMIT 1) m ON true
+	LEFT JOIN LATERAL (SELECT seq, sender, ts, recalled_by, edited_by, body FROM events
+	                   WHERE conv_key = c.conv_key AND seq = $3 AND kind = 1 FOR UPDATE) t ON true
+	WHERE c.conv_id = $1`
