@@ -585,11 +585,11 @@ func (g *Gateway) request(s *Session, body []byte, now time.Time) (stop bool) {
 		return false
 	}
 	g.metrics.framesIn.WithLabelValues(req.T).Inc()
-	if req.T == wire.TPing && s.authed.Load() {
+	if req.T == wire.TPing && s.answered.Load() {
 		s.reply(wire.Pong{T: wire.TPong, Rid: req.Rid, Ts: time.Now().UnixMilli()})
 		return false
 	}
-	if req.T == wire.TTyping && s.authed.Load() && g.typingOnLoop(s, &req, now) {
+	if req.T == wire.TTyping && s.answered.Load() && g.typingOnLoop(s, &req, now) {
 		return false
 	}
 	// Below: frames before auth succeeded. Nothing but auth may come

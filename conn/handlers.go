@@ -229,6 +229,7 @@ func (g *Gateway) auth(ctx context.Context, s *Session, req *wire.Request) {
 		ok.ExpiresAt = exp.UnixMilli()
 	}
 	g.answer(s, req, nil, ok)
+	s.answered.Store(true)
 }
 
 // checkToken checks an auth's static device token. It returns the

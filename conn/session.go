@@ -49,6 +49,11 @@ type Session struct {
 	token  int64 // fencing token of this connection's routing entry
 	jwt    bool  // authenticated by a JWT (it expires; refresh extends it)
 	authed atomic.Bool
+	// answered: auth_ok is queued. Only from then on may the loop answer
+	// a frame itself (ping, typing): one pipelined behind the auth, read
+	// while the auth still joined the online index, would otherwise be
+	// answered before auth_ok.
+	answered atomic.Bool
 
 	// JWT expiry: unix ms of exp (0: never), and the timer that kicks the
 	// connection then. Guarded by emu.
