@@ -344,7 +344,8 @@ func (s *Store) AreCurrentMembers(ctx context.Context, convs, users []string) ([
 // in its place in errs (errs is nil when all exist).
 func (s *Store) Heads(ctx context.Context, convs []string) (heads []int64, errs []error, err error) {
 	rows, err := s.pool.Query(ctx, `SELECT u.i, `+headSQL+`
-		FROM unnest($1::text[]) WITH ORDINALITY AS u(conv, i) JOIN conversations c ON c.conv_id = u.conv`, convs)
+		FROM unnest($1::text[]) WITH ORDINALITY AS u(conv, i)
+		CROSS JOIN LATERAL (SELECT c.conv_key FROM conversations c WHERE c.conv_id = u.conv LIMIT 1) c`, convs)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -1,6 +1,6 @@
-// Package combine answers many callers' reads of the same kind with one
-// database statement: while a few statements run, the requests that
-// arrive queue up and go into the next statement together.
+// Package combine answers many callers' requests of the same kind with
+// one database statement (or one Redis pipeline): while a few run, the
+// requests that arrive queue up and go into the next one together.
 package combine
 
 import (
@@ -15,16 +15,14 @@ import (
 // Observer takes one measurement (prometheus.Observer fits).
 type Observer interface{ Observe(float64) }
 
-// A Combiner answers the same kind of read for many callers with one
-// database statement. After a reconnect storm thousands of devices
-// authenticate and ask for a snapshot at once, most of them about the
-// same few conversations as other members of those conversations. While
-// `workers` statements are running, the requests that arrive queue up and
-// go into the next statement together, up to `max` weight: one round trip
-// for all of them, and what they have in common read once (see
-// store.SnapshotBatch). A lone request runs at once. The queue holds at
-// most one request per connection (a connection's snapshots and auth run
-// one at a time).
+// A Combiner answers the same kind of request for many callers with one
+// statement. After a reconnect storm thousands of devices authenticate and
+// ask for a snapshot at once, most of them about the same few
+// conversations as other members of those conversations. While Workers
+// statements are running, the requests that arrive queue up and go into
+// the next statement together, up to Max weight: one round trip for all
+// of them, and what they have in common read once (see
+// store.SnapshotBatch). A lone request runs at once.
 //
 // Combining never serves stale data: a request only ever joins a
 // statement that starts after it arrived (never one already running), so
