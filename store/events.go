@@ -270,7 +270,7 @@ func lockKeys(ns string, ids []string) []int64 {
 // implicit: it commits at the end of the batch, when the batch is closed,
 // so what sql wrote is durable only once lockedRows returns nil.
 func (s *Store) lockedRows(ctx context.Context, lockSQL string, keys []int64, sql string, args []any, scan func(pgx.Rows) error) error {
-	return s.lockedRowsPlanned(ctx, false, lockSQL, keys, sql, args, scan)
+	return s.batchRows(ctx, "", lockSQL, keys, sql, args, scan)
 }
 
 // lockedRowsGeneric is lockedRows with sql run on its generic plan (see
@@ -279,27 +279,31 @@ func (s *Store) lockedRows(ctx context.Context, lockSQL string, keys []int64, sq
 // statements, which inline parley_unread_of: 9-22 ms of planning each in
 // the realistic mix). sql must be plan-stable, as genericRows requires.
 func (s *Store) lockedRowsGeneric(ctx context.Context, lockSQL string, keys []int64, sql string, args []any, scan func(pgx.Rows) error) error {
-	return s.lockedRowsPlanned(ctx, true, lockSQL, keys, sql, args, scan)
+	return s.batchRows(ctx, "BEGIN", lockSQL, keys, sql, args, scan)
 }
 
-func (s *Store) lockedRowsPlanned(ctx context.Context, generic bool, lockSQL string, keys []int64, sql string, args []any, scan func(pgx.Rows) error) error {
+// batchRows sends, in one round trip: begin and SET LOCAL plan_cache_mode
+// = force_generic_plan (if begin is not ""; otherwise the transaction is
+// the batch's implicit one), lockSQL with keys (if lockSQL is not ""),
+// sql with args, and COMMIT (if begin was sent). It calls scan for each
+// row sql returns and returns once the transaction committed.
+func (s *Store) batchRows(ctx context.Context, begin, lockSQL string, keys []int64, sql string, args []any, scan func(pgx.Rows) error) error {
 	b := &pgx.Batch{}
-	if generic {
-		b.Queue(`BEGIN`)
+	if begin != "" {
+		b.Queue(begin)
 		b.Queue(`SET LOCAL plan_cache_mode = force_generic_plan`)
 	}
-	b.Queue(lockSQL, keys)
+	if lockSQL != "" {
+		b.Queue(lockSQL, keys)
+	}
+	before := b.Len() // the statements before sql
 	b.Queue(sql, args...)
-	if generic {
+	if begin != "" {
 		b.Queue(`COMMIT`)
 	}
 	br := s.pool.SendBatch(ctx, b)
 	defer br.Close()
-	execs := 1
-	if generic {
-		execs = 3
-	}
-	for range execs {
+	for range before {
 		if _, err := br.Exec(); err != nil {
 			return err
 		}
@@ -318,13 +322,13 @@ func (s *Store) lockedRowsPlanned(ctx context.Context, generic bool, lockSQL str
 	if err := rows.Err(); err != nil {
 		return err
 	}
-	if generic {
+	if begin != "" {
 		if _, err := br.Exec(); err != nil { // COMMIT
 			return err
 		}
 	}
-	// The transaction commits at the end of the batch: only then are the
-	// rows durable.
+	// The transaction commits at the end of the batch (or at its COMMIT):
+	// only then are the rows durable.
 	return br.Close()
 }
 

@@ -244,36 +244,7 @@ func (s *Store) snapshotRows(ctx context.Context, users, convs []string, afters 
 // subqueries): a generic plan is made once per connection, maybe while
 // the tables are small, and kept as they grow.
 func (s *Store) genericRows(ctx context.Context, sql string, args []any, scan func(pgx.Rows) error) error {
-	var b pgx.Batch
-	b.Queue(`BEGIN READ ONLY`)
-	b.Queue(`SET LOCAL plan_cache_mode = force_generic_plan`)
-	b.Queue(sql, args...)
-	b.Queue(`COMMIT`)
-	br := s.pool.SendBatch(ctx, &b)
-	defer br.Close()
-	for range 2 {
-		if _, err := br.Exec(); err != nil {
-			return err
-		}
-	}
-	rows, err := br.Query()
-	if err != nil {
-		return err
-	}
-	for rows.Next() {
-		if err := scan(rows); err != nil {
-			rows.Close()
-			return err
-		}
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return err
-	}
-	if _, err := br.Exec(); err != nil { // COMMIT
-		return err
-	}
-	return br.Close()
+	return s.batchRows(ctx, "BEGIN READ ONLY", "", nil, sql, args, scan)
 }
 
 // storable reports whether s can be a text value in PostgreSQL (UTF-8
