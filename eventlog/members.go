@@ -80,14 +80,17 @@ func newMemberCache(st *store.Store, ttl time.Duration, counts MemberLookups, lo
 	m := &memberCache{st: st, ttl: ttl, entries: map[memberKey]*memberEntry{}, used: map[memberKey]struct{}{}, counts: counts,
 		forgot: map[memberKey]time.Time{}}
 	m.misses = combine.Combiner[memberKey, store.MemberState]{Workers: missWorkers, Max: missBatch, Timeout: 10 * time.Second, Log: log,
-		Run: func(ctx context.Context, keys []memberKey) ([]store.MemberState, error) {
-			convs, users := make([]string, len(keys)), make([]string, len(keys))
-			for i, k := range keys {
-				convs[i], users[i] = k.conv, k.user
-			}
-			return st.AreCurrentMembers(ctx, convs, users)
-		}}
+		Run: m.read}
 	return m
+}
+
+// read looks keys up in PostgreSQL, in one statement.
+func (m *memberCache) read(ctx context.Context, keys []memberKey) ([]store.MemberState, error) {
+	convs, users := make([]string, len(keys)), make([]string, len(keys))
+	for i, k := range keys {
+		convs[i], users[i] = k.conv, k.user
+	}
+	return m.st.AreCurrentMembers(ctx, convs, users)
 }
 
 // lookup returns whether user is a current member of conv, and its mute.
@@ -219,12 +222,8 @@ func (m *memberCache) refresh(ctx context.Context) {
 }
 
 func (m *memberCache) refreshKeys(ctx context.Context, keys []memberKey) {
-	convs, users := make([]string, len(keys)), make([]string, len(keys))
-	for i, k := range keys {
-		convs[i], users[i] = k.conv, k.user
-	}
 	at := time.Now()
-	member, err := m.st.AreCurrentMembers(ctx, convs, users)
+	member, err := m.read(ctx, keys)
 	if err != nil {
 		return
 	}

@@ -5,8 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/parley-im/parley/test/testenv"
 )
 
@@ -14,13 +12,7 @@ import (
 // that stopped (a gateway that lost Redis for a while) resumes after the
 // last notice it saw, missing none and repeating none.
 func TestLifecycleStream(t *testing.T) {
-	url, prefix := testenv.Redis(t)
-	opt, err := redis.ParseURL(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rdb := redis.NewClient(opt)
-	defer rdb.Close()
+	rdb, prefix := testenv.RedisClient(t)
 	b := NewBus(rdb, prefix, "gw-test")
 	ctx := t.Context()
 	if err := b.Lifecycle(ctx, Lifecycle{Device: "before", Reason: "revoked"}); err != nil {

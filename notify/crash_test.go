@@ -64,10 +64,7 @@ func newWorld(t *testing.T, provider string) *world {
 	if err := st.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	url, prefix := testenv.Redis(t)
-	opt, _ := redis.ParseURL(url)
-	rdb := redis.NewClient(opt)
-	t.Cleanup(func() { rdb.Close() })
+	rdb, prefix := testenv.RedisClient(t)
 	if err := scripts.Load(ctx, rdb); err != nil {
 		t.Fatal(err)
 	}

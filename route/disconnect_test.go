@@ -5,8 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/parley-im/parley/route"
 	"github.com/parley-im/parley/scripts"
 	"github.com/parley-im/parley/test/testenv"
@@ -17,13 +15,7 @@ import (
 // is still recorded: a device that reconnected meanwhile keeps its new
 // route and entries.
 func TestDisconnect(t *testing.T) {
-	url, prefix := testenv.Redis(t)
-	opt, err := redis.ParseURL(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rdb := redis.NewClient(opt)
-	defer rdb.Close()
+	rdb, prefix := testenv.RedisClient(t)
 	ctx := context.Background()
 	if err := scripts.Load(ctx, rdb); err != nil {
 		t.Fatal(err)

@@ -221,22 +221,37 @@ func lockConversation(ctx context.Context, tx pgx.Tx, ch *MembershipChange) erro
 // zero member for the admin API, actor ""), read once for the change's
 // own checks (role, mute).
 func lockActor(ctx context.Context, tx pgx.Tx, ch *MembershipChange) (member, error) {
-	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, changeLockKey(ch.Conv)); err != nil {
+	// Every round trip made under the change lock holds up each send batch
+	// with a message to this conversation (sends take the lock shared), so
+	// the lock and the checks' read go in one. The read starts once the
+	// lock is held, so it sees every change committed before.
+	b := &pgx.Batch{}
+	b.Queue(`SELECT pg_advisory_xact_lock($1)`, changeLockKey(ch.Conv))
+	b.Queue(`SELECT m.role, coalesce(m.muted_until, 0) FROM conversations c
+		LEFT JOIN LATERAL (SELECT role, muted_until FROM membership_periods
+		                   WHERE conv_id = c.conv_id AND user_id = $2 AND to_seq IS NULL LIMIT 1) m ON true
+		WHERE c.conv_id = $1`, ch.Conv, ch.Actor)
+	br := tx.SendBatch(ctx, b)
+	if _, err := br.Exec(); err != nil {
+		br.Close()
 		return member{}, err
 	}
-	var one int
-	err := tx.QueryRow(ctx, `SELECT 1 FROM conversations WHERE conv_id = $1`, ch.Conv).Scan(&one)
-	if errors.Is(err, pgx.ErrNoRows) {
+	var role *Role
+	var m member
+	err := br.QueryRow().Scan(&role, &m.mutedUntil)
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
 		return member{}, ErrNotFound
-	}
-	if err != nil || ch.Actor == "" {
+	case err != nil || ch.Actor == "":
 		return member{}, err
+	case role == nil:
+		return member{}, ErrNotMember
 	}
-	m, ok, err := memberOf(ctx, tx, ch.Conv, ch.Actor)
-	if err == nil && !ok {
-		err = ErrNotMember
-	}
-	return m, err
+	m.role = *role
+	return m, nil
 }
 
 // allocate gives the change its seq, under the change lock and after the

@@ -34,40 +34,28 @@ type EditResult struct {
 func (s *Store) Edit(ctx context.Context, ch *MembershipChange, target int64, body []byte, windowMs int64) (EditResult, error) {
 	r := EditResult{Target: target}
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		// Every round trip made under the change lock holds up each send
-		// batch with a message to this conversation (sends take the lock
-		// shared), so the lock and everything the checks read go in one
-		// round trip, and both writes in another. The read starts once the
-		// lock is held, so it sees every change committed before.
-		b := &pgx.Batch{}
-		b.Queue(`SELECT pg_advisory_xact_lock($1)`, changeLockKey(ch.Conv))
-		b.Queue(editFactsSQL, ch.Conv, ch.Actor, target)
-		br := tx.SendBatch(ctx, b)
-		if _, err := br.Exec(); err != nil {
-			br.Close()
+		actor, err := lockActor(ctx, tx, ch)
+		if err != nil {
+			if errors.Is(err, ErrNotFound) {
+				return ErrNotMember // no such conversation: nobody is a member
+			}
 			return err
 		}
+		if actor.mutedUntil > ch.Ts {
+			return MutedErr(actor.mutedUntil)
+		}
 		var f struct {
-			head, mutedUntil     int64
-			member, found        bool
+			head                 int64
+			found                bool
 			sender               string
 			ts                   int64
 			recalledBy, editedBy *int64
 			cur                  []byte
 		}
-		err := br.QueryRow().Scan(&r.Members, &f.head, &f.member, &f.mutedUntil, &f.found, &f.sender, &f.ts, &f.recalledBy, &f.editedBy, &f.cur)
-		if cerr := br.Close(); err == nil {
-			err = cerr
-		}
+		err = tx.QueryRow(ctx, editFactsSQL, ch.Conv, target).Scan(&r.Members, &f.head, &f.found, &f.sender, &f.ts, &f.recalledBy, &f.editedBy, &f.cur)
 		switch {
-		case errors.Is(err, pgx.ErrNoRows):
-			return ErrNotMember // no such conversation: nobody is a member
 		case err != nil:
 			return err
-		case !f.member:
-			return ErrNotMember
-		case f.mutedUntil > ch.Ts:
-			return MutedErr(f.mutedUntil)
 		case !f.found || f.recalledBy != nil:
 			return ErrNoMessage
 		case f.sender != ch.Actor:
@@ -100,16 +88,12 @@ func (s *Store) Edit(ctx context.Context, ch *MembershipChange, target int64, bo
 	return r, err
 }
 
-// editFactsSQL reads what an edit of message $3 by $2 in conversation $1
-// is checked against, under the change lock: the member count and head,
-// the editor's current membership and mute, and the message (locked). No
-// row: no such conversation.
+// editFactsSQL reads what an edit of message $2 in conversation $1 is
+// checked against, under the change lock (after lockActor): the member
+// count and head, and the message (locked).
 const editFactsSQL = `SELECT c.member_count, ` + headSQL + `,
-		m.role IS NOT NULL, coalesce(m.muted_until, 0),
 		t.seq IS NOT NULL, coalesce(t.sender, ''), coalesce(t.ts, 0), t.recalled_by, t.edited_by, coalesce(t.body, ''::bytea)
 	FROM conversations c
-	LEFT JOIN LATERAL (SELECT role, muted_until FROM membership_periods
-	                   WHERE conv_id = c.conv_id AND user_id = $2 AND to_seq IS NULL LIMIT 1) m ON true
 	LEFT JOIN LATERAL (SELECT seq, sender, ts, recalled_by, edited_by, body FROM events
-	                   WHERE conv_key = c.conv_key AND seq = $3 AND kind = 1 FOR UPDATE) t ON true
+	                   WHERE conv_key = c.conv_key AND seq = $2 AND kind = 1 FOR UPDATE) t ON true
 	WHERE c.conv_id = $1`

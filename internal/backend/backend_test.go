@@ -89,16 +89,10 @@ func TestIsUnavailableRealFailures(t *testing.T) {
 // node that lost its scripts, say a replica just promoted) is
 // unavailability; the same words in an error of another type are not.
 func TestIsUnavailableNoScript(t *testing.T) {
-	url, _ := testenv.Redis(t)
-	opt, err := redis.ParseURL(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rdb := redis.NewClient(opt)
-	defer rdb.Close()
+	rdb, _ := testenv.RedisClient(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	err = rdb.EvalSha(ctx, "0000000000000000000000000000000000000000", nil).Err()
+	err := rdb.EvalSha(ctx, "0000000000000000000000000000000000000000", nil).Err()
 	if err == nil || !backend.IsUnavailable(err) {
 		t.Errorf("EVALSHA of a script Redis does not have: %T %v is not unavailability", err, err)
 	}

@@ -213,6 +213,20 @@ func Redis(t testing.TB) (url, prefix string) {
 	return url, prefix
 }
 
+// RedisClient is Redis with a client of that Redis, closed at the test's
+// cleanup, and the test's key prefix.
+func RedisClient(t testing.TB) (*redis.Client, string) {
+	t.Helper()
+	url, prefix := Redis(t)
+	opt, err := redis.ParseURL(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := redis.NewClient(opt)
+	t.Cleanup(func() { c.Close() })
+	return c, prefix
+}
+
 // deletePrefix unlinks every key starting with prefix, on a single
 // server or on one cluster node. prefix holds no glob metacharacters. One
 // UNLINK per key, pipelined: a cluster node refuses a multi-key UNLINK
