@@ -682,6 +682,10 @@ func (g *Gateway) Deliver(ds []fanout.Delivery) {
 			s := g.devices[t.Device]
 			switch {
 			case s == nil:
+			case !s.answered.Load():
+				// Registered, auth_ok not queued yet: the snapshot the
+				// client makes after auth_ok finds what was committed
+				// before this push, and nothing may precede auth_ok.
 			case d.Relayed:
 				s.relay(d.Frame)
 			default:

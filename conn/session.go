@@ -52,7 +52,8 @@ type Session struct {
 	// answered: auth_ok is queued. Only from then on may the loop answer
 	// a frame itself (ping, typing): one pipelined behind the auth, read
 	// while the auth still joined the online index, would otherwise be
-	// answered before auth_ok.
+	// answered before auth_ok. Deliveries (pushes, hints, relayed
+	// frames) skip the session until then too.
 	answered atomic.Bool
 
 	// JWT expiry: unix ms of exp (0: never), and the timer that kicks the

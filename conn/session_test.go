@@ -445,3 +445,60 @@ func TestAuthRateLimit(t *testing.T) {
 	}
 	r.ping()
 }
+
+// A device that reconnects while messages to it are committed gets
+// auth_ok as its first frame, every time: no push, hint or relayed frame
+// reaches a connection before its auth_ok. What was committed meanwhile
+// is the client's snapshot's business (docs/protocol.md §2 and "After
+// every (re)connect").
+func TestNoPushBeforeAuthOK(t *testing.T) {
+	env := startEnv(t, nil)
+	sender, receiver := newUser(t, env, "snd"), newUser(t, env, "rcv")
+	conv := name("c-reconnect")
+	env.Group(t, conv, sender.User, receiver.User)
+
+	s := dialRaw(t, env)
+	s.auth(sender)
+	stop := make(chan struct{})
+	sent := make(chan int)
+	go func() { // a steady stream of messages to the receiver, bounded
+		n := 0
+		defer func() { sent <- n }()
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
+		for ; n < 20000; n++ {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			frame, err := wire.AppendFrame(nil, wire.Request{T: wire.TSend, Conv: conv, Cmid: fmt.Sprintf("m%d", n), Body: []byte("x")})
+			if err != nil {
+				return
+			}
+			_ = s.nc.SetWriteDeadline(time.Now().Add(5 * time.Second))
+			if _, err := s.nc.Write(frame); err != nil {
+				return
+			}
+		}
+	}()
+	defer func() {
+		close(stop)
+		<-sent
+	}()
+
+	for i := 0; i < 60; i++ {
+		r := dialRaw(t, env)
+		r.strict = true
+		r.send(wire.Request{T: wire.TAuth, Rid: "auth", Device: receiver.ID, Token: receiver.Token})
+		m, closed := r.next(5 * time.Second)
+		if closed || m.T != wire.TAuthOK {
+			t.Fatalf("reconnect %d: first frame %+v (closed %v), want auth_ok", i, m, closed)
+		}
+		// Pushes do arrive once authenticated.
+		if m, closed = r.next(5 * time.Second); closed || (m.T != wire.TPush && m.T != wire.THint) {
+			t.Fatalf("reconnect %d: after auth_ok %+v (closed %v), want a push", i, m, closed)
+		}
+		r.nc.Close()
+	}
+}
