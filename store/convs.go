@@ -198,9 +198,10 @@ func (s *Store) RemoveMember(ctx context.Context, ch *MembershipChange, user str
 }
 
 // changeLockKey is the key of conv's change lock, a transaction-level
-// PostgreSQL advisory lock: membership changes and recalls take it
-// exclusively, each batch of sends shared (store/events.go). A hash
-// collision of two conversations only makes one wait for the other.
+// PostgreSQL advisory lock: membership changes, recalls, role and
+// moderation changes take it exclusively; each batch of sends, and each
+// edit, shared (store/events.go, store/edit.go). A hash collision of two
+// conversations only makes one wait for the other.
 func changeLockKey(conv string) int64 {
 	h := fnv.New64a()
 	h.Write([]byte(conv))
@@ -221,12 +222,24 @@ func lockConversation(ctx context.Context, tx pgx.Tx, ch *MembershipChange) erro
 // zero member for the admin API, actor ""), read once for the change's
 // own checks (role, mute).
 func lockActor(ctx context.Context, tx pgx.Tx, ch *MembershipChange) (member, error) {
+	return lockActorAs(ctx, tx, ch, `SELECT pg_advisory_xact_lock($1)`)
+}
+
+// lockActorShared is lockActor with the change lock taken shared, as send
+// batches take it: for a change that is ordered with membership changes
+// (the actor stays a member, with the role and mute read, until it
+// commits) but neither changes membership nor waits for sends (edits).
+func lockActorShared(ctx context.Context, tx pgx.Tx, ch *MembershipChange) (member, error) {
+	return lockActorAs(ctx, tx, ch, `SELECT pg_advisory_xact_lock_shared($1)`)
+}
+
+func lockActorAs(ctx context.Context, tx pgx.Tx, ch *MembershipChange, lockSQL string) (member, error) {
 	// Every round trip made under the change lock holds up each send batch
 	// with a message to this conversation (sends take the lock shared), so
 	// the lock and the checks' read go in one. The read starts once the
 	// lock is held, so it sees every change committed before.
 	b := &pgx.Batch{}
-	b.Queue(`SELECT pg_advisory_xact_lock($1)`, changeLockKey(ch.Conv))
+	b.Queue(lockSQL, changeLockKey(ch.Conv))
 	b.Queue(`SELECT m.role, coalesce(m.muted_until, 0) FROM conversations c
 		LEFT JOIN LATERAL (SELECT role, muted_until FROM membership_periods
 		                   WHERE conv_id = c.conv_id AND user_id = $2 AND to_seq IS NULL LIMIT 1) m ON true

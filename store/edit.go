@@ -22,9 +22,12 @@ type EditResult struct {
 
 // Edit appends an edit event (kind 5: ch.Actor, target, body) and makes
 // message target read with body and edited = ch.Ts, in one transaction
-// ordered with the conversation's sends, membership changes and recalls
-// (it holds the conversation's change lock, and allocates its seq only
-// once the edit was checked). Only the sender (ch.Actor, a current
+// ordered with the conversation's membership changes and recalls (it
+// holds the conversation's change lock shared, as send batches do, so
+// neither waits for the other) and with the message's other edits (it
+// locks the message's row, and allocates its seq only then, once the
+// edit was checked: of two edits of one message, the one with the higher
+// seq commits last and its body stands). Only the sender (ch.Actor, a current
 // member) may edit, within window milliseconds of the message's ts:
 // ErrNoMessage (no msg at target, or it was recalled), ErrNotSender,
 // ErrEditWindow, ErrNotMember (also for an unknown conversation),
@@ -34,7 +37,7 @@ type EditResult struct {
 func (s *Store) Edit(ctx context.Context, ch *MembershipChange, target int64, body []byte, windowMs int64) (EditResult, error) {
 	r := EditResult{Target: target}
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		actor, err := lockActor(ctx, tx, ch)
+		actor, err := lockActorShared(ctx, tx, ch)
 		if err != nil {
 			if errors.Is(err, ErrNotFound) {
 				return ErrNotMember // no such conversation: nobody is a member
@@ -89,8 +92,9 @@ func (s *Store) Edit(ctx context.Context, ch *MembershipChange, target int64, bo
 }
 
 // editFactsSQL reads what an edit of message $2 in conversation $1 is
-// checked against, under the change lock (after lockActor): the member
-// count and head, and the message (locked).
+// checked against, under the change lock (after lockActorShared): the
+// member count and head, and the message (locked: a second edit of it
+// waits here until this one commits, then reads its body).
 const editFactsSQL = `SELECT c.member_count, ` + headSQL + `,
 		t.seq IS NOT NULL, coalesce(t.sender, ''), coalesce(t.ts, 0), t.recalled_by, t.edited_by, coalesce(t.body, ''::bytea)
 	FROM conversations c
