@@ -37,8 +37,9 @@ build: ## Build every package
 
 test: services ## Vet, run all tests with -race against real PostgreSQL and Redis, then fuzz the wire decoder (10 s), the PROXY header and WebSocket frame parsers (5 s each)
 	$(GO) vet ./...
-	# ./server first: its tests are the longest (about 4.5 minutes), and go
+	# ./server first: its tests are the longest (4.5-5.5 minutes), and go
 	# test starts packages in the order given, so the others run beside it.
+	# Its longest tests, which mostly wait, run two at a time (t.Parallel).
 	$(TEST_ENV) $(GO) test -race -count=1 -timeout 9m ./server/ $$($(GO) list ./... | grep -v '/server$$')
 	$(GO) test ./wire -run '^$$' -fuzz FuzzDecodeRequest -fuzztime 10s
 	$(GO) test ./conn -run '^$$' -fuzz FuzzProxyHeader -fuzztime 5s

@@ -33,6 +33,7 @@ import (
 // the end no confirmed message is lost, duplicated or out of order, no seq
 // repeats, and pushes, kicks, acks and reads work across gateways again.
 func TestClusterTwoGatewaysFailover(t *testing.T) {
+	t.Parallel() // long and mostly waiting: see the Makefile's test target
 	began := time.Now()
 	rc := testenv.StartRedisCluster(t)
 	clusterUp := time.Since(began)

@@ -732,6 +732,7 @@ func (n *modNet) setupRoles(t *testing.T, conv string) {
 // moderators), direct conversations, malformed requests and the admin
 // calls, each allowed and each refused, across two gateways.
 func TestModerationRules(t *testing.T) {
+	t.Parallel() // long and mostly waiting: see the Makefile's test target
 	cfg := parleytest.Config(t)
 	cfg.SendRate = 0
 	cfg.RecallWindow = 500 * time.Millisecond
@@ -1450,6 +1451,7 @@ func TestModerationBanRacingAdd(t *testing.T) {
 // each fan-out tier (thresholds set small) gives every member's devices
 // the same pushes and the same sync: only the tier differs.
 func TestModerationTierInvariance(t *testing.T) {
+	t.Parallel() // long and mostly waiting: see the Makefile's test target
 	cfg := parleytest.Config(t)
 	cfg.SendRate = 0
 	cfg.WriteFanoutMax, cfg.OnlineFanoutMax = 5, 7 // push below 5 members, pull above 7

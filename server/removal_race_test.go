@@ -257,6 +257,7 @@ func (f *raceFix) leaveSeq(conv string) int64 {
 }
 
 func TestRemovalRacingSends(t *testing.T) {
+	t.Parallel() // long and mostly waiting: see the Makefile's test target
 	f := newRaceFix(t)
 	n := raceIterations(t)
 	for _, how := range []string{"admin", "leave"} {
@@ -306,6 +307,7 @@ func TestRemovalRacingSends(t *testing.T) {
 // periods: none with a seq between the leave and the re-add's join, and
 // none of x's events stored there.
 func TestReAddRacingSends(t *testing.T) {
+	t.Parallel() // long and mostly waiting: see the Makefile's test target
 	f := newRaceFix(t)
 	n := raceIterations(t)
 	for it := 0; it < n; it++ {

@@ -293,6 +293,7 @@ func tierScenario(t *testing.T, writeMax, onlineMax int, coalesce time.Duration)
 // read_changed received by online devices, with recalls, edits and clears
 // ("delete for me") in the history. Only convs' mode differs.
 func TestTierInvariance(t *testing.T) {
+	t.Parallel() // long and mostly waiting: see the Makefile's test target
 	var want string
 	for i, tc := range tierConfigs {
 		got, modes := tierScenario(t, tc.writeMax, tc.onlineMax, tc.coalesce)
@@ -323,6 +324,7 @@ func TestTierInvariance(t *testing.T) {
 // join, in every tier. Members send as fast as they can while the
 // newcomer is added.
 func TestJoinBoundary(t *testing.T) {
+	t.Parallel() // long and mostly waiting: see the Makefile's test target
 	for _, tc := range tierConfigs[:3] {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := parleytest.Config(t)

@@ -74,6 +74,7 @@ func unreadByDefinition(t testing.TB, q urQuerier, user, conv string) int64 {
 // user's last membership period, delivered = the model's (cursors only
 // grow, never above head, and reads never move them).
 func TestUnreadMatchesDefinitionRandomized(t *testing.T) {
+	t.Parallel() // long and mostly waiting: see the Makefile's test target
 	seed := time.Now().UnixNano()
 	if s := os.Getenv("PARLEY_UNREAD_SEED"); s != "" {
 		v, err := strconv.ParseInt(s, 10, 64)

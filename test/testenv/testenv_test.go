@@ -166,14 +166,29 @@ func TestStartRedis(t *testing.T) {
 	}
 }
 
+// FreePort hands out ports of 20000–31999 that were free, never the same
+// one twice in a process, and binds them. A process outside the test run
+// (which holds no port lock) can still take a port between FreePort and
+// the caller's bind, which is why every server the helpers start retries
+// with another port: so may this test, a bounded number of times.
 func TestFreePort(t *testing.T) {
 	t.Parallel()
-	p := FreePort(t)
-	l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
-	if err != nil {
-		t.Fatalf("port %d not free: %v", p, err)
+	seen := map[int]bool{}
+	var errs []error
+	for range 3 {
+		p := FreePort(t)
+		if p < 20000 || p > 31999 || seen[p] {
+			t.Fatalf("port %d: outside 20000-31999 or handed out before (%v)", p, seen)
+		}
+		seen[p] = true
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+		if err == nil {
+			l.Close()
+			return
+		}
+		errs = append(errs, err)
 	}
-	l.Close()
+	t.Fatalf("3 ports handed out, none could be bound: %v", errs)
 }
 
 func TestCheckFor(t *testing.T) {
