@@ -22,6 +22,9 @@ const (
 	// disconnectBatch is the most closed connections one pair of Redis
 	// pipelines removes.
 	disconnectBatch = 1000
+	// receiptBatch is the most receipts one gate pipeline and privacy
+	// statement cover.
+	receiptBatch = 1000
 	// combineWorkers is how many statements of each kind may run at once.
 	combineWorkers = 4
 	// provisionWorkers is how many provisioning statements (first JWT
@@ -118,5 +121,12 @@ func (g *Gateway) initCombiners() {
 			return make([]struct{}, len(cs)), g.deps.Routes.Disconnect(ctx, cs)
 		},
 		Sizes: g.metrics.combined.WithLabelValues("disconnect"),
+	}
+	// Each read that moves sends a receipt to the conversation's other
+	// members (push tier): a few thousand a second in a busy gateway.
+	g.receiptChecks = combine.Combiner[receiptReq, receiptVerdict]{
+		Workers: combineWorkers, Max: receiptBatch, Timeout: g.cfg.RequestTimeout, Log: g.log, Go: g.goroutine,
+		Run:   g.checkReceipts,
+		Sizes: g.metrics.combined.WithLabelValues("receipt"),
 	}
 }

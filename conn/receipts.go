@@ -32,20 +32,40 @@ func NewReceiptGate(rdb redis.UniversalClient, prefix string) *ReceiptGate {
 	return &ReceiptGate{rdb: rdb, prefix: prefix}
 }
 
-// try asks to send read for (conv, user): 0 (send it now), wait > 0 (ask
-// again then), or stale (a receipt at or above it was sent).
-func (r *ReceiptGate) try(ctx context.Context, conv, user string, read int64) (wait time.Duration, stale bool, err error) {
-	base := r.prefix + "rcpt:{" + conv + "}:" + user
-	v, err := scripts.ReceiptGate.Run(ctx, r.rdb, []string{base, base + ":last"}, read, receiptWindow.Milliseconds(), 86400).Int64()
-	switch {
-	case err != nil:
-		return 0, false, err
-	case v == 0:
-		return 0, true, nil
-	case v < 0:
-		return time.Duration(-v) * time.Millisecond, false, nil
+// gateVerdict is the gate's answer to one receipt: send it now, wait
+// and ask again, or drop it (stale: a receipt at or above it was sent).
+type gateVerdict struct {
+	wait  time.Duration
+	stale bool
+}
+
+// tryMany asks the gate about each receipt, in one pipeline (in order:
+// of two reads of one (conv, user) in it, the first opens the window and
+// the second waits).
+func (r *ReceiptGate) tryMany(ctx context.Context, qs []receiptReq) ([]gateVerdict, error) {
+	cmds := make([]*redis.Cmd, len(qs))
+	_, err := scripts.RunPipelined(ctx, r.rdb, func(p redis.Pipeliner) {
+		for i, q := range qs {
+			base := r.prefix + "rcpt:{" + q.k.conv + "}:" + q.k.user
+			cmds[i] = scripts.ReceiptGate.EvalSha(ctx, p, []string{base, base + ":last"}, q.read, receiptWindow.Milliseconds(), 86400)
+		}
+	})
+	if err != nil {
+		return nil, err
 	}
-	return 0, false, nil
+	out := make([]gateVerdict, len(qs))
+	for i, c := range cmds {
+		v, err := c.Int64()
+		switch {
+		case err != nil:
+			return nil, err
+		case v == 0:
+			out[i].stale = true
+		case v < 0:
+			out[i].wait = time.Duration(-v) * time.Millisecond
+		}
+	}
+	return out, nil
 }
 
 // pendingReceipts are reads waiting for their (conv, user)'s window to
@@ -89,22 +109,31 @@ func (g *Gateway) readMoved(user, conv string, read int64) {
 	g.goroutine(func() { g.sendReceipt(convUser{conv, user}, read, false) })
 }
 
-// sendReceipt sends read (or, if fresh, the durable read position: a
-// receipt that waited for its window sends the newest one, whichever
-// gateway's timer fires first) through the gate.
+// receiptReq is one read position to send as a receipt; fresh: it waited
+// for its window, and the durable read position is sent if it is newer
+// (so the gateways whose timers fire for the same window send the newest
+// once).
+type receiptReq struct {
+	k     convUser
+	read  int64
+	fresh bool
+}
+
+// receiptVerdict is what became of a receiptReq: send read now (send),
+// ask again after wait, or neither (stale, or the user's receipts are
+// private).
+type receiptVerdict struct {
+	read int64
+	wait time.Duration
+	send bool
+}
+
+// sendReceipt sends read (or, if fresh, the durable read position if it
+// is newer) through the gate to the conversation's other members.
 func (g *Gateway) sendReceipt(k convUser, read int64, fresh bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.RequestTimeout)
 	defer cancel()
-	if fresh {
-		r, err := g.deps.Store.ReadPosition(ctx, k.user, k.conv)
-		if err != nil {
-			g.log.Debug("receipt: read position", "err", err)
-			return
-		}
-		read = max(read, r)
-	}
-	now := time.Now()
-	members, err := g.members.get(ctx, k.conv, now)
+	members, err := g.members.get(ctx, k.conv, time.Now())
 	if err != nil {
 		g.log.Debug("receipt: members", "err", err)
 		return
@@ -112,22 +141,18 @@ func (g *Gateway) sendReceipt(k convUser, read int64, fresh bool) {
 	if fanout.TierOf(int64(len(members)), g.cfg.WriteFanoutMax, g.cfg.OnlineFanoutMax) != fanout.TierPush {
 		return
 	}
-	wait, stale, err := g.deps.Receipts.try(ctx, k.conv, k.user, read)
+	v, err := g.receiptChecks.Do(ctx, receiptReq{k: k, read: read, fresh: fresh})
 	switch {
 	case err != nil:
-		g.log.Debug("receipt: gate", "err", err)
+		g.log.Debug("receipt", "err", err)
 		return
-	case stale:
+	case v.wait > 0:
+		g.laterReceipt(k, v.read, v.wait)
 		return
-	case wait > 0:
-		g.laterReceipt(k, read, wait)
-		return
-	}
-	private, err := g.deps.Store.ReceiptsPrivate(ctx, k.user)
-	if err != nil || private {
+	case !v.send:
 		return
 	}
-	frame, err := wire.AppendFrame(nil, wire.Receipt{T: wire.TReceipt, Conv: k.conv, User: k.user, Read: read})
+	frame, err := wire.AppendFrame(nil, wire.Receipt{T: wire.TReceipt, Conv: k.conv, User: k.user, Read: v.read})
 	if err != nil {
 		return
 	}
@@ -136,6 +161,55 @@ func (g *Gateway) sendReceipt(k convUser, read int64, fresh bool) {
 		return
 	}
 	g.metrics.receipts.Inc()
+}
+
+// checkReceipts is the combined check of many receipts (one per read
+// that moved, a few thousand a second in a busy gateway): the durable
+// read positions of the fresh ones in one statement, the gate in one
+// pipeline, and the privacy of the users whose receipts go out now in
+// one statement.
+func (g *Gateway) checkReceipts(ctx context.Context, qs []receiptReq) ([]receiptVerdict, error) {
+	var users, convs []string
+	var fresh []int
+	for i, q := range qs {
+		if q.fresh {
+			users, convs, fresh = append(users, q.k.user), append(convs, q.k.conv), append(fresh, i)
+		}
+	}
+	if len(fresh) > 0 {
+		reads, err := g.deps.Store.ReadPositions(ctx, users, convs)
+		if err != nil {
+			return nil, err
+		}
+		for j, i := range fresh {
+			qs[i].read = max(qs[i].read, reads[j])
+		}
+	}
+	gate, err := g.deps.Receipts.tryMany(ctx, qs)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]receiptVerdict, len(qs))
+	users = users[:0]
+	for i, q := range qs {
+		out[i] = receiptVerdict{read: q.read, wait: gate[i].wait, send: !gate[i].stale && gate[i].wait == 0}
+		if out[i].send {
+			users = append(users, q.k.user)
+		}
+	}
+	if len(users) == 0 {
+		return out, nil
+	}
+	private, err := g.deps.Store.PrivateReceipts(ctx, users)
+	if err != nil {
+		return nil, err
+	}
+	for i, q := range qs {
+		if private[q.k.user] {
+			out[i].send = false
+		}
+	}
+	return out, nil
 }
 
 // laterReceipt keeps read for k and tries again once the window closed

@@ -148,3 +148,25 @@ func TestHeads(t *testing.T) {
 		t.Fatalf("Heads(g): errs %v, err %v; want none", errs, err)
 	}
 }
+
+// ReadPositions answers each (user, conversation) in order, 0 where
+// nothing was read; PrivateReceipts names only the users who hide their
+// read positions (unknown users are not private).
+func TestReadPositionsAndPrivateReceipts(t *testing.T) {
+	env, st, ctx := startStore(t)
+	env.Group(t, "g", "ana", "ben") // seq 1
+	if _, err := st.SetReceiptsPrivate(ctx, "ben", true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Clear(ctx, "ana", "g", 1); err != nil { // raises ana's read to 1
+		t.Fatal(err)
+	}
+	reads, err := st.ReadPositions(ctx, []string{"ben", "ana", "cy", "ana"}, []string{"g", "g", "g", "nope"})
+	if err != nil || !slices.Equal(reads, []int64{0, 1, 0, 0}) {
+		t.Fatalf("read positions %v, %v; want [0 1 0 0]", reads, err)
+	}
+	private, err := st.PrivateReceipts(ctx, []string{"ana", "ben", "ben", "nobody"})
+	if err != nil || len(private) != 1 || !private["ben"] {
+		t.Fatalf("private %v, %v; want ben only", private, err)
+	}
+}

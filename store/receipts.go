@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -64,19 +65,34 @@ func (s *Store) SetReceiptsPrivate(ctx context.Context, user string, private boo
 	return private, err
 }
 
-// ReceiptsPrivate reports whether user's read positions are hidden.
-func (s *Store) ReceiptsPrivate(ctx context.Context, user string) (bool, error) {
-	var private bool
-	err := s.pool.QueryRow(ctx, `SELECT receipts_private FROM users WHERE user_id = $1`, user).Scan(&private)
-	if err == pgx.ErrNoRows {
-		return false, ErrNotFound
+// PrivateReceipts returns which of users hide their read positions
+// (receipts_private), in one statement.
+func (s *Store) PrivateReceipts(ctx context.Context, users []string) (map[string]bool, error) {
+	rows, err := s.pool.Query(ctx, `SELECT u.user_id FROM unnest($1::text[]) k(usr)
+		JOIN LATERAL (SELECT user_id FROM users WHERE user_id = k.usr AND receipts_private) u ON true`, users)
+	if err != nil {
+		return nil, err
 	}
+	private := map[string]bool{}
+	var u string
+	_, err = pgx.ForEachRow(rows, []any{&u}, func() error {
+		private[u] = true
+		return nil
+	})
 	return private, err
 }
 
-// ReadPosition returns user's read position in conv (0 if none).
-func (s *Store) ReadPosition(ctx context.Context, user, conv string) (int64, error) {
-	var read int64
-	err := s.pool.QueryRow(ctx, `SELECT coalesce((SELECT read_seq FROM read_positions WHERE user_id = $1 AND conv_id = $2), 0)`, user, conv).Scan(&read)
-	return read, err
+// ReadPositions returns the read position of each (users[i], convs[i])
+// (0 if none), in order, in one statement.
+func (s *Store) ReadPositions(ctx context.Context, users, convs []string) ([]int64, error) {
+	rows, err := s.pool.Query(ctx, `SELECT coalesce((SELECT r.read_seq FROM read_positions r WHERE r.user_id = k.usr AND r.conv_id = k.conv), 0)
+		FROM unnest($1::text[], $2::text[]) WITH ORDINALITY k(usr, conv, i) ORDER BY k.i`, users, convs)
+	if err != nil {
+		return nil, err
+	}
+	reads, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err == nil && len(reads) != len(users) {
+		err = fmt.Errorf("store: %d read positions for %d pairs", len(reads), len(users))
+	}
+	return reads, err
 }
