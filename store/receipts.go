@@ -85,12 +85,16 @@ func (s *Store) PrivateReceipts(ctx context.Context, users []string) (map[string
 // ReadPositions returns the read position of each (users[i], convs[i])
 // (0 if none), in order, in one statement.
 func (s *Store) ReadPositions(ctx context.Context, users, convs []string) ([]int64, error) {
-	rows, err := s.pool.Query(ctx, `SELECT coalesce((SELECT r.read_seq FROM read_positions r WHERE r.user_id = k.usr AND r.conv_id = k.conv), 0)
-		FROM unnest($1::text[], $2::text[]) WITH ORDINALITY k(usr, conv, i) ORDER BY k.i`, users, convs)
-	if err != nil {
-		return nil, err
-	}
-	reads, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	// An index lookup per pair, on the generic plan: planned anew, the
+	// statement took as long to plan as to run.
+	var reads []int64
+	err := s.genericRows(ctx, `SELECT coalesce((SELECT r.read_seq FROM read_positions r WHERE r.user_id = k.usr AND r.conv_id = k.conv), 0)
+		FROM unnest($1::text[], $2::text[]) WITH ORDINALITY k(usr, conv, i) ORDER BY k.i`, []any{users, convs}, func(rows pgx.Rows) error {
+		var r int64
+		err := rows.Scan(&r)
+		reads = append(reads, r)
+		return err
+	})
 	if err == nil && len(reads) != len(users) {
 		err = fmt.Errorf("store: %d read positions for %d pairs", len(reads), len(users))
 	}
