@@ -466,7 +466,7 @@ func TestNoPushBeforeAuthOK(t *testing.T) {
 		defer func() { sent <- n }()
 		tick := time.NewTicker(time.Millisecond)
 		defer tick.Stop()
-		for ; n < 20000; n++ {
+		for ; n < 30000; n++ { // below what the reader's channel holds
 			select {
 			case <-stop:
 				return
@@ -487,7 +487,10 @@ func TestNoPushBeforeAuthOK(t *testing.T) {
 		<-sent
 	}()
 
-	for i := 0; i < 60; i++ {
+	// 60 reconnects, or as many as fit in 15 s (at least 10): well within
+	// the 30 s the sender runs.
+	deadline := time.Now().Add(15 * time.Second)
+	for i := 0; i < 60 && (i < 10 || time.Now().Before(deadline)); i++ {
 		r := dialRaw(t, env)
 		r.strict = true
 		r.send(wire.Request{T: wire.TAuth, Rid: "auth", Device: receiver.ID, Token: receiver.Token})

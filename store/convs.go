@@ -233,6 +233,7 @@ func lockActorShared(ctx context.Context, tx pgx.Tx, ch *MembershipChange) (memb
 	return lockActorAs(ctx, tx, ch, `SELECT pg_advisory_xact_lock_shared($1)`)
 }
 
+// lockActorAs is lockActor with the change lock taken by lockSQL.
 func lockActorAs(ctx context.Context, tx pgx.Tx, ch *MembershipChange, lockSQL string) (member, error) {
 	// Every round trip made under the change lock holds up each send batch
 	// with a message to this conversation (sends take the lock shared), so
