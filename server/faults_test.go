@@ -569,6 +569,7 @@ func (r *faultRun) onOneGateway(addr string, snd, rcv []parleytest.Device) {
 // renewal notices the lost lease and re-registers its connections' routes;
 // pushes lost meanwhile are repaired by the receivers' gap syncs.
 func TestFaultRedisRestartedEmptyMidLoad(t *testing.T) {
+	t.Parallel() // long and mostly waiting: see the Makefile's test target
 	rs := testenv.StartRedis(t)
 	cfg := parleytest.Config(t)
 	cfg.RedisURL, cfg.RedisPrefix = rs.URL(), "fr:"
@@ -714,6 +715,7 @@ func (p *faultProxy) close() {
 // and until it is reconnected and caught up with every message confirmed
 // before the kill) is measured against gateway_lease + 5 s.
 func TestFaultGatewaySIGKILLMidLoad(t *testing.T) {
+	t.Parallel() // long and mostly waiting: see the Makefile's test target
 	cfg := parleytest.Config(t)
 	cfg.SendRate = 0
 	cfg.GatewayLease = 3 * time.Second
@@ -815,6 +817,7 @@ func TestFaultGatewaySIGKILLMidLoad(t *testing.T) {
 // confirmed is lost; the server recovers without a restart: sends succeed
 // again and /readyz turns 200.
 func TestFaultPostgresRestartedMidLoad(t *testing.T) {
+	t.Parallel() // long and mostly waiting: see the Makefile's test target
 	pg := testenv.StartPostgres(t)
 	cfg := config.Default()
 	cfg.PostgresURL = pg.URL()

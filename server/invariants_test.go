@@ -54,6 +54,7 @@ func syncAll(t *testing.T, c *client.Conn, conv string, after int64) ([]wire.Eve
 // confirmed message is in the log afterwards with its confirmed seq, and
 // no seq repeats.
 func TestRedisFlushAndRestartLoseNothing(t *testing.T) {
+	t.Parallel() // long and mostly waiting: see the Makefile's test target
 	rs := testenv.StartRedis(t)
 	cfg := parleytest.Config(t)
 	cfg.RedisURL, cfg.RedisPrefix = rs.URL(), "d1:"
@@ -160,6 +161,7 @@ func TestRedisFlushAndRestartLoseNothing(t *testing.T) {
 // (a sender that died after INCR) stalls the reader only until the hole
 // timeout. The reader ends with exactly every confirmed seq.
 func TestRacingSendersReaderByUpto(t *testing.T) {
+	t.Parallel() // long and mostly waiting: see the Makefile's test target
 	cfg := parleytest.Config(t)
 	cfg.SendRate = 0
 	cfg.HoleTimeout = 300 * time.Millisecond

@@ -1161,6 +1161,7 @@ func logHoldsConfirmed(t *testing.T, prefix string, stored, confirmed []int64) {
 // confirmed before the unmute, one written after the unmute's update_ok
 // is never refused; the log holds exactly the confirmed sends.
 func TestModerationMuteRacingSends(t *testing.T) {
+	t.Parallel() // long and mostly waiting: see the Makefile's test target
 	cfg := parleytest.Config(t)
 	cfg.SendRate = 0
 	n := newModNet(t, cfg, "own", "mem", "obs")
@@ -1356,6 +1357,7 @@ func firstDiff(a, b []int64) string {
 // (x joined, then the ban removed x: update then leave) or it is refused
 // FORBIDDEN; x never ends banned and a member.
 func TestModerationBanRacingAdd(t *testing.T) {
+	t.Parallel() // long and mostly waiting: see the Makefile's test target
 	cfg := parleytest.Config(t)
 	cfg.SendRate = 0
 	n := newModNet(t, cfg, "own", "adm", "obs", "x")
@@ -1540,6 +1542,7 @@ func tierKey(e wire.Event) string {
 // removal's members_ok came back is refused NOT_MEMBER; the member's
 // devices get the leave and nothing after it.
 func TestModerationRemovalRacingSends(t *testing.T) {
+	t.Parallel() // long and mostly waiting: see the Makefile's test target
 	cfg := parleytest.Config(t)
 	cfg.SendRate = 0
 	n := newModNet(t, cfg, "own", "mem", "obs")

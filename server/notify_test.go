@@ -583,6 +583,7 @@ func TestNotifyBadInput(t *testing.T) {
 // confirmed and before its notify_delay passed loses nothing: the next
 // parleyd on the same stores notifies the device, once.
 func TestNotifySurvivesKill(t *testing.T) {
+	t.Parallel() // long and mostly waiting: see the Makefile's test target
 	s := newSink(t)
 	cfg := notifyConfig(t, s, 1500*time.Millisecond)
 	cfg.NotifyTimeout, cfg.NotifyLease = time.Second, 2*time.Second
