@@ -1,15 +1,15 @@
-server first: its tests are the longest (4.5-5.5 minutes), and goarley developer tasks. `make` alone lists them.
+# Parley developer tasks. `make` alone lists them.
 #
-server first: its tests are the longest (4.5-5.5 minutes), and gohe tests use a real PostgreSQL and Redis, set up by `make services`
-server first: its tests are the longest (4.5-5.5 minutes), and gotools/ensure-services.sh: Debian packages, the packaged PostgreSQL cluster,
-server first: its tests are the longest (4.5-5.5 minutes), and go redis-server on 127.0.0.1:6379). To use servers of your own instead, set
-server first: its tests are the longest (4.5-5.5 minutes), and goARLEY_TEST_POSTGRES_URL / PARLEY_TEST_REDIS_URL (tests) or
-server first: its tests are the longest (4.5-5.5 minutes), and goARLEY_POSTGRES_URL / PARLEY_REDIS_URL (parleyd); the script then leaves
-server first: its tests are the longest (4.5-5.5 minutes), and gohat service alone.
+# The tests use a real PostgreSQL and Redis, set up by `make services`
+# (tools/ensure-services.sh: Debian packages, the packaged PostgreSQL cluster,
+# a redis-server on 127.0.0.1:6379). To use servers of your own instead, set
+# PARLEY_TEST_POSTGRES_URL / PARLEY_TEST_REDIS_URL (tests) or
+# PARLEY_POSTGRES_URL / PARLEY_REDIS_URL (parleyd); the script then leaves
+# that service alone.
 
 SHELL := /bin/bash
 GO ?= go
-server first: its tests are the longest (4.5-5.5 minutes), and gohe official Go tarball installs to /usr/local/go/bin, often not on PATH.
+# The official Go tarball installs to /usr/local/go/bin, often not on PATH.
 export PATH := $(PATH):/usr/local/go/bin
 
 PARLEY_TEST_POSTGRES_URL ?= postgres://parley:parley@127.0.0.1:5432/parley?sslmode=disable
@@ -18,45 +18,45 @@ TEST_ENV = PARLEY_TEST_POSTGRES_URL='$(PARLEY_TEST_POSTGRES_URL)' PARLEY_TEST_RE
 
 .DEFAULT_GOAL := help
 
-help: #server first: its tests are the longest (4.5-5.5 minutes), and gohow this help
+help: ## Show this help
 	@echo "Usage: make TARGET. Targets:"
-	@grep -hE '^[0-9a-zA-Z_-]+:.*?#server first: its tests are the longest (4.5-5.5 minutes), and go*$$' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-13s %s\n", $$1, $$2}'
+	@grep -hE '^[0-9a-zA-Z_-]+:.*?## .*$$' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-13s %s\n", $$1, $$2}'
 .PHONY: help
 
-services: #server first: its tests are the longest (4.5-5.5 minutes), and gonstall (apt), start and set up PostgreSQL and Redis for parleyd and the tests
+services: ## Install (apt), start and set up PostgreSQL and Redis for parleyd and the tests
 	@bash tools/ensure-services.sh
 .PHONY: services
 
-run: services #server first: its tests are the longest (4.5-5.5 minutes), and goun parleyd (config from PARLEY_* env vars; defaults use the local services)
+run: services ## Run parleyd (config from PARLEY_* env vars; defaults use the local services)
 	$(GO) run ./cmd/parleyd
 .PHONY: run
 
-build: #server first: its tests are the longest (4.5-5.5 minutes), and gouild every package
+build: ## Build every package
 	$(GO) build ./...
 .PHONY: build
 
-test: services #server first: its tests are the longest (4.5-5.5 minutes), and goet, run all tests with -race against real PostgreSQL and Redis, then fuzz the wire decoder (10 s), the PROXY header and WebSocket frame parsers (5 s each)
+test: services ## Vet, run all tests with -race against real PostgreSQL and Redis, then fuzz the wire decoder (10 s), the PROXY header and WebSocket frame parsers (5 s each)
 	$(GO) vet ./...
-	server first: its tests are the longest (4.5-5.5 minutes), and go/server first: its tests are the longest (4.5-5.5 minutes), and go
-	server first: its tests are the longest (4.5-5.5 minutes), and goest starts packages in the order given, so the others run beside it.
-	server first: its tests are the longest (4.5-5.5 minutes), and gots longest tests, which mostly wait, run two at a time (t.Parallel).
+	# ./server first: its tests are the longest (4.5-5.5 minutes), and go
+	# test starts packages in the order given, so the others run beside it.
+	# Its longest tests, which mostly wait, run two at a time (t.Parallel).
 	$(TEST_ENV) $(GO) test -race -count=1 -timeout 9m ./server/ $$($(GO) list ./... | grep -v '/server$$')
 	$(GO) test ./wire -run '^$$' -fuzz FuzzDecodeRequest -fuzztime 10s
 	$(GO) test ./conn -run '^$$' -fuzz FuzzProxyHeader -fuzztime 5s
 	$(GO) test ./conn -run '^$$' -fuzz FuzzWSFrames -fuzztime 5s
 .PHONY: test
 
-test-browser: services #server first: its tests are the longest (4.5-5.5 minutes), and goun the browser demo (web/) in headless Chromium, installed on demand: two pages exchange messages
+test-browser: services ## Run the browser demo (web/) in headless Chromium, installed on demand: two pages exchange messages
 	$(TEST_ENV) $(GO) test -tags browser -count=1 -timeout 5m ./web/ -run TestBrowser
 .PHONY: test-browser
 
-web: #server first: its tests are the longest (4.5-5.5 minutes), and goerve the browser demo on http://127.0.0.1:8080 (point it at parleyd's ws_listen)
+web: ## Serve the browser demo on http://127.0.0.1:8080 (point it at parleyd's ws_listen)
 	$(GO) run ./cmd/parley-web
 .PHONY: web
 
 MSGPACK_JS_VERSION ?= 3.1.3
 
-web-vendor: #server first: its tests are the longest (4.5-5.5 minutes), and goetch @msgpack/msgpack from npm into web/vendor/ (the page loads nothing from elsewhere)
+web-vendor: ## Fetch @msgpack/msgpack from npm into web/vendor/ (the page loads nothing from elsewhere)
 	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
 	(cd "$$tmp" && npm pack --silent @msgpack/msgpack@$(MSGPACK_JS_VERSION) >/dev/null && tar xzf msgpack-msgpack-$(MSGPACK_JS_VERSION).tgz) && \
 	cp "$$tmp/package/dist.umd/msgpack.min.js" web/vendor/msgpack.min.js && \
@@ -64,25 +64,25 @@ web-vendor: #server first: its tests are the longest (4.5-5.5 minutes), and goet
 	echo "web/vendor: @msgpack/msgpack $(MSGPACK_JS_VERSION)"
 .PHONY: web-vendor
 
-server first: its tests are the longest (4.5-5.5 minutes), and go private 6-node Redis Cluster on 127.0.0.1:$(CLUSTER_PORT)…+5 (bus: port+10000).
+# A private 6-node Redis Cluster on 127.0.0.1:$(CLUSTER_PORT)…+5 (bus: port+10000).
 CLUSTER_PORT ?= 7101
 
-test-cluster: services #server first: its tests are the longest (4.5-5.5 minutes), and goun the server tests with a 6-node Redis Cluster (redis_cluster) as their hot store
+test-cluster: services ## Run the server tests with a 6-node Redis Cluster (redis_cluster) as their hot store
 	@seeds=$$(bash tools/redis-cluster.sh start $(CLUSTER_PORT)) && \
 	trap 'bash tools/redis-cluster.sh stop $(CLUSTER_PORT)' EXIT && \
 	echo "PARLEY_TEST_REDIS_CLUSTER=$$seeds" && \
 	$(TEST_ENV) PARLEY_TEST_REDIS_CLUSTER="$$seeds" $(GO) test -race -count=1 -timeout 9m ./server/
 .PHONY: test-cluster
 
-bench: services #server first: its tests are the longest (4.5-5.5 minutes), and goun the standard benchmark suite (about 10 minutes) and write BENCHMARKS.md
+bench: services ## Run the standard benchmark suite (about 10 minutes) and write BENCHMARKS.md
 	$(TEST_ENV) bash tools/bench.sh
 .PHONY: bench
 
-fmt: #server first: its tests are the longest (4.5-5.5 minutes), and goormat the Go code (gofmt -s)
+fmt: ## Format the Go code (gofmt -s)
 	gofmt -s -w $$(find . -name '*.go' -not -path './.git/*')
 .PHONY: fmt
 
-clean: #server first: its tests are the longest (4.5-5.5 minutes), and goemove build outputs and Go's test cache
+clean: ## Remove build outputs and Go's test cache
 	rm -rf bin/
 	$(GO) clean -testcache
 .PHONY: clean
