@@ -129,9 +129,9 @@ func (s *Store) NotifyTargets(ctx context.Context, evs []NotifyEvent) ([]NotifyT
 	for i, e := range evs {
 		convs[i], seqs[i], only[i] = e.Conv, e.Seq, e.MentionsOnly
 	}
-	// Index lookups per event, on the generic plan: as a plain join,
-	// PostgreSQL planned it anew on every call and hashed whole tables
-	// (every registration, every cursor) for a few hundred events.
+	// Index lookups per event, on the generic plan: written as a plain
+	// join, it was planned anew on 65 of 160 calls (8.5 ms a plan), and a
+	// generic plan of a plain join may hash whole tables.
 	var out []NotifyTarget
 	err := s.genericRows(ctx, `SELECT k.i - 1, e.sender, e.ts, c.title, coalesce(e.body, ''::bytea),
 			r.device_id, r.user_id, r.provider, r.token, r.sandbox, r.registered_at,
