@@ -32,17 +32,11 @@ func NewReceiptGate(rdb redis.UniversalClient, prefix string) *ReceiptGate {
 	return &ReceiptGate{rdb: rdb, prefix: prefix}
 }
 
-// gateVerdict is the gate's answer to one receipt: send it now, wait
-// and ask again, or drop it (stale: a receipt at or above it was sent).
-type gateVerdict struct {
-	wait  time.Duration
-	stale bool
-}
-
 // tryMany asks the gate about each receipt, in one pipeline (in order:
 // of two reads of one (conv, user) in it, the first opens the window and
-// the second waits).
-func (r *ReceiptGate) tryMany(ctx context.Context, qs []receiptReq) ([]gateVerdict, error) {
+// the second waits): send it now, wait and ask again, or neither (a
+// receipt at or above it was sent).
+func (r *ReceiptGate) tryMany(ctx context.Context, qs []receiptReq) ([]receiptVerdict, error) {
 	cmds := make([]*redis.Cmd, len(qs))
 	_, err := scripts.RunPipelined(ctx, r.rdb, func(p redis.Pipeliner) {
 		for i, q := range qs {
@@ -53,15 +47,14 @@ func (r *ReceiptGate) tryMany(ctx context.Context, qs []receiptReq) ([]gateVerdi
 	if err != nil {
 		return nil, err
 	}
-	out := make([]gateVerdict, len(qs))
+	out := make([]receiptVerdict, len(qs))
 	for i, c := range cmds {
 		v, err := c.Int64()
-		switch {
-		case err != nil:
+		if err != nil {
 			return nil, err
-		case v == 0:
-			out[i].stale = true
-		case v < 0:
+		}
+		out[i] = receiptVerdict{read: qs[i].read, send: v > 0}
+		if v < 0 {
 			out[i].wait = time.Duration(-v) * time.Millisecond
 		}
 	}
@@ -185,22 +178,20 @@ func (g *Gateway) checkReceipts(ctx context.Context, qs []receiptReq) ([]receipt
 			qs[i].read = max(qs[i].read, reads[j])
 		}
 	}
-	gate, err := g.deps.Receipts.tryMany(ctx, qs)
+	out, err := g.deps.Receipts.tryMany(ctx, qs)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]receiptVerdict, len(qs))
-	users = users[:0]
-	for i, q := range qs {
-		out[i] = receiptVerdict{read: q.read, wait: gate[i].wait, send: !gate[i].stale && gate[i].wait == 0}
-		if out[i].send {
-			users = append(users, q.k.user)
+	var senders []string
+	for i, v := range out {
+		if v.send {
+			senders = append(senders, qs[i].k.user)
 		}
 	}
-	if len(users) == 0 {
+	if len(senders) == 0 {
 		return out, nil
 	}
-	private, err := g.deps.Store.PrivateReceipts(ctx, users)
+	private, err := g.deps.Store.PrivateReceipts(ctx, senders)
 	if err != nil {
 		return nil, err
 	}

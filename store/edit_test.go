@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/parley-im/parley/store"
 )
 
@@ -123,11 +121,7 @@ func TestEditOrdering(t *testing.T) {
 	}
 
 	// The message's body is that of its edit with the highest seq.
-	pg, err := pgx.Connect(ctx, env.Cfg.PostgresURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pg.Close(context.Background())
+	pg := pgConn(t, ctx, env)
 	var body, lastEdit []byte
 	var editedBy int64
 	if err := pg.QueryRow(ctx, `SELECT e.body, e.edited_by,
@@ -182,11 +176,7 @@ func TestConcurrentEditsOfOneMessage(t *testing.T) {
 	for seq := range bodies {
 		top = max(top, seq)
 	}
-	pg, err := pgx.Connect(ctx, env.Cfg.PostgresURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pg.Close(context.Background())
+	pg := pgConn(t, ctx, env)
 	var body []byte
 	var editedBy int64
 	if err := pg.QueryRow(ctx, `SELECT e.body, e.edited_by FROM events e JOIN conversations c ON c.conv_key = e.conv_key

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/parley-im/parley/store"
 	"github.com/parley-im/parley/test/parleytest"
 )
@@ -27,6 +29,18 @@ func startStore(t *testing.T) (*parleytest.Env, *store.Store, context.Context) {
 	}
 	t.Cleanup(st.Close)
 	return env, st, ctx
+}
+
+// pgConn opens a plain connection to env's database, for a test to set
+// up or inspect rows directly; it is closed when the test ends.
+func pgConn(t *testing.T, ctx context.Context, env *parleytest.Env) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, env.Cfg.PostgresURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
 }
 
 // InsertMessages tries a plain INSERT first and, when any row conflicts

@@ -5,8 +5,6 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/parley-im/parley/store"
 )
 
@@ -18,11 +16,7 @@ func TestNotifyTargets(t *testing.T) {
 	env, st, ctx := startStore(t)
 	env.Group(t, "g", "ana", "ben", "cy") // seq 1
 	env.Group(t, "h", "ana", "ben")       // seq 1
-	conn, err := pgx.Connect(ctx, env.Cfg.PostgresURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	conn := pgConn(t, ctx, env)
 	// In g: ben leaves after seq 3 and is back from seq 5; cy joins at 4.
 	for _, q := range []string{
 		`UPDATE membership_periods SET to_seq = 3 WHERE conv_id = 'g' AND user_id = 'ben'`,
