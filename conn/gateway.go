@@ -102,6 +102,8 @@ type Gateway struct {
 	relayCoalesce coalescer // sessions with typing or receipts to flush
 	held          heldAcks  // sessions holding rid-less acks (ack_coalesce)
 
+	tickExpired, tickProbe []*Session // OnTick's lists (only the ticker uses them)
+
 	mu       sync.RWMutex
 	sessions map[*Session]struct{} // every open connection
 	devices  map[string]*Session   // device -> its authenticated connection
@@ -637,7 +639,15 @@ func (g *Gateway) request(s *Session, body []byte, now time.Time) (stop bool) {
 // owe hints, and runs the redelivery scan.
 func (g *Gateway) OnTick() (time.Duration, gnet.Action) {
 	now := time.Now()
-	var expired, probe []*Session
+	// The tick's lists are kept from tick to tick: built anew, they were
+	// a slice of every session per second, garbage that raised the
+	// resident memory of a gateway holding many idle connections.
+	expired, probe := g.tickExpired[:0], g.tickProbe[:0]
+	defer func() { // drop the references, keep the room
+		clear(expired)
+		clear(probe)
+		g.tickExpired, g.tickProbe = expired[:0], probe[:0]
+	}()
 	g.mu.RLock()
 	for s := range g.sessions {
 		last := time.Unix(0, s.lastSeen.Load())

@@ -73,8 +73,9 @@ type Notifier struct {
 	providers map[string]*pool
 	online    Online
 
-	// Events and read advances waiting to be queued (intakeLoop).
-	events chan eventlog.Committed
+	// Events and read advances waiting to be queued (intakeLoop); nil
+	// when no provider is configured.
+	events chan intake
 	reads  chan string
 	// Outcomes of provider requests waiting to be recorded (finishLoop).
 	results chan result
@@ -129,10 +130,18 @@ func New(st *store.Store, rdb redis.UniversalClient, cfg Config, providers []Pro
 	}
 	n := &Notifier{st: st, rdb: rdb, q: newQueue(rdb, cfg.Prefix, cfg.Shards), cfg: cfg, log: log,
 		m: newMetrics(reg), providers: map[string]*pool{}, online: online,
-		events: make(chan eventlog.Committed, 65536), reads: make(chan string, 16384), results: make(chan result, 4096),
 		stop: make(chan struct{})}
 	for _, p := range providers {
 		n.providers[p.Name()] = &pool{p: p, tasks: make(chan task, cfg.Concurrency*8)}
+	}
+	if !n.Off() {
+		// The intake's buffers are only made when they can be used:
+		// together they are a few MiB, which as live heap would raise
+		// the garbage collector's goal (and so the resident memory) of
+		// a server that sends no notifications.
+		n.events = make(chan intake, intakeEvents)
+		n.reads = make(chan string, intakeReads)
+		n.results = make(chan result, 4096)
 	}
 	return n
 }
@@ -180,9 +189,25 @@ func (n *Notifier) Close() {
 			close(p.tasks)
 		}
 		n.senders.Wait()
-		close(n.results)
+		if n.results != nil { // nil when off
+			close(n.results)
+		}
 		n.finisher.Wait()
 	})
+}
+
+// The intake's capacity: events (messages and recalls) and read advances
+// waiting to be queued. Beyond it they are dropped and counted.
+const (
+	intakeEvents = 65536
+	intakeReads  = 16384
+)
+
+// intake is what the intake keeps of a committed message or recall.
+type intake struct {
+	Conv                  string
+	Seq, Members, Ts, Tgt int64
+	Kind                  store.Kind
 }
 
 // Committed takes committed events (the conversation log's commit hook):
@@ -198,7 +223,7 @@ func (n *Notifier) Committed(evs []eventlog.Committed) {
 			continue
 		}
 		select {
-		case n.events <- e:
+		case n.events <- intake{Conv: e.Conv, Seq: e.Seq, Members: e.Members, Ts: e.Ts, Tgt: e.Target, Kind: e.Kind}:
 		default:
 			n.m.dropped.WithLabelValues("", "intake_full").Inc()
 		}
@@ -223,7 +248,7 @@ func (n *Notifier) intakeLoop() {
 	defer n.loops.Done()
 	var pending []put
 	var msgs []eventRef // messages taken this round: they share jobs
-	take := func(e eventlog.Committed) {
+	take := func(e intake) {
 		if e.Kind == store.KindRecall {
 			pending = append(pending, n.eventJob(e))
 			return
@@ -284,10 +309,10 @@ func (n *Notifier) intakeLoop() {
 }
 
 // eventJob is a recall's job.
-func (n *Notifier) eventJob(e eventlog.Committed) put {
+func (n *Notifier) eventJob(e intake) put {
 	return put{ID: eventJobID(e.Seq, e.Conv), Shard: n.q.shardOf(e.Conv),
 		Due: e.Ts + n.cfg.Delay.Milliseconds(), Seq: e.Seq, Ts: e.Ts,
-		Body: jobBody{Conv: e.Conv, Kind: KindRecall, Members: e.Members, Target: e.Target}}
+		Body: jobBody{Conv: e.Conv, Kind: KindRecall, Members: e.Members, Target: e.Tgt}}
 }
 
 // eventsPerJob bounds the messages of one event job.
