@@ -60,8 +60,9 @@ func (s *Store) Snapshot(ctx context.Context, user string, convs []string, after
 //	   item's user.
 const snapshotSQL = `WITH q AS (
 	SELECT k, usr, conv, after FROM unnest($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY AS q(usr, conv, after, k)
-), hd AS (
-	SELECT d.conv, c.conv_key AS key, (SELECT coalesce(max(e.seq), 0) FROM events e WHERE e.conv_key = c.conv_key) AS head
+), hd AS MATERIALIZED ( -- once per conversation (not per reference to head)
+	SELECT d.conv, c.conv_key AS key, coalesce(c.dense_seq, 0) AS w,
+		(SELECT coalesce(max(e.seq), 0) FROM events e WHERE e.conv_key = c.conv_key) AS head
 	FROM (SELECT DISTINCT conv FROM q) d JOIN conversations c ON c.conv_id = d.conv
 ), uc AS MATERIALIZED (
 	SELECT u.usr, u.conv, hd.key, hd.head, p.froms, p.tos, r.read, r.cleared, ur.unread
@@ -74,7 +75,8 @@ const snapshotSQL = `WITH q AS (
 	CROSS JOIN LATERAL (SELECT array_agg(greatest(m.from_seq, r.cleared + 1) ORDER BY m.from_seq) AS froms,
 			array_agg(coalesce(m.to_seq, 9223372036854775807) ORDER BY m.from_seq) AS tos
 		FROM membership_periods m WHERE m.user_id = u.usr AND m.conv_id = u.conv) p
-	CROSS JOIN LATERAL parley_unread_of(u.conv, u.usr, r.read) ur
+	-- the unread count from the conversation's row and head read above
+	CROSS JOIN LATERAL parley_unread_at(u.conv, u.usr, r.read, hd.key, hd.head, hd.w) ur
 	WHERE p.froms IS NOT NULL
 ), it AS MATERIALIZED (
 	SELECT q.k, q.usr, q.conv, uc.key, q.after, uc.head, uc.read, uc.cleared, uc.unread, uc.froms, uc.tos
