@@ -231,18 +231,21 @@ func (s *Store) UnreadTotals(ctx context.Context, users []string) (map[string]in
 	return out, err
 }
 
-// unreadTotalsSQL sums parley_unread_of over each user's conversations
+// unreadTotalsSQL sums the unread counts of each user's conversations
 // ($1: users). Conversations whose head is not above the read position
 // (most of a user's, usually) have nothing unread and are skipped by an
-// index probe instead of being counted.
+// index probe instead of being counted; the others are counted by
+// parley_unread_at from the conversation's row and head read for that
+// probe.
 const unreadTotalsSQL = `SELECT k.usr, coalesce(t.n, 0)::bigint
   FROM unnest($1::text[]) AS k(usr)
   LEFT JOIN LATERAL (
         SELECT sum(x.unread) AS n
-          FROM (SELECT p.conv_id, coalesce(rp.read_seq, 0) AS r
+          FROM (SELECT p.conv_id, coalesce(rp.read_seq, 0) AS r, cv.conv_key, h.head, coalesce(cv.dense_seq, 0) AS w
                   FROM (SELECT DISTINCT conv_id FROM membership_periods WHERE user_id = k.usr) p
                   JOIN conversations cv ON cv.conv_id = p.conv_id
+                  CROSS JOIN LATERAL (SELECT coalesce(max(e.seq), 0) AS head FROM events e WHERE e.conv_key = cv.conv_key) h
                   LEFT JOIN read_positions rp ON rp.user_id = k.usr AND rp.conv_id = p.conv_id
-                 WHERE (SELECT max(e.seq) FROM events e WHERE e.conv_key = cv.conv_key) > coalesce(rp.read_seq, 0)
+                 WHERE h.head > coalesce(rp.read_seq, 0)
                 OFFSET 0) c
-          CROSS JOIN LATERAL parley_unread_of(c.conv_id, k.usr, c.r) x) t ON true`
+          CROSS JOIN LATERAL parley_unread_at(c.conv_id, k.usr, c.r, c.conv_key, c.head, c.w) x) t ON true`
