@@ -206,18 +206,20 @@ func (s *Store) Conversations(ctx context.Context, user, device string, limit in
 // conversationsSQL: $1 user, $2 device, ($3, $4) the page's conversations
 // and the end of the user's last period in each. last_ts is the ts of the
 // newest non-hole event at or below that end: that event is visible, since
-// the last period starts with the user's own join.
+// the last period starts with the user's own join. The unread count takes the
+// conversation's row and head read here (parley_unread_at).
 const conversationsSQL = `
 SELECT p.conv_id, c.kind, c.title, c.member_count, c.epoch, c.min_seq,
-       (SELECT coalesce(max(e.seq), 0) FROM events e WHERE e.conv_key = c.conv_key),
+       h.head,
        coalesce(dc.delivered_seq, 0), coalesce(rp.read_seq, 0), coalesce(rp.cleared_seq, 0),
        coalesce((SELECT e.ts FROM events e WHERE e.conv_key = c.conv_key AND e.seq <= p.last_to AND e.kind <> 0
                   ORDER BY e.seq DESC LIMIT 1), 0),
        u.unread, coalesce(cs.muted_until, 0)
   FROM unnest($3::text[], $4::bigint[]) WITH ORDINALITY AS p(conv_id, last_to, i)
   JOIN conversations c ON c.conv_id = p.conv_id
+  CROSS JOIN LATERAL (SELECT coalesce(max(e.seq), 0) AS head FROM events e WHERE e.conv_key = c.conv_key) h
   LEFT JOIN device_cursors dc ON dc.device_id = $2 AND dc.conv_id = p.conv_id
   LEFT JOIN read_positions rp ON rp.user_id = $1 AND rp.conv_id = p.conv_id
   LEFT JOIN conv_settings cs ON cs.user_id = $1 AND cs.conv_id = p.conv_id
-  CROSS JOIN LATERAL parley_unread_of(p.conv_id, $1, coalesce(rp.read_seq, 0)) u
+  CROSS JOIN LATERAL parley_unread_at(p.conv_id, $1, coalesce(rp.read_seq, 0), c.conv_key, h.head, coalesce(c.dense_seq, 0)) u
  ORDER BY p.i`
