@@ -38,18 +38,19 @@ type ReadResult struct {
 // a read position holds its user's lock): it raises (UPDATE) or adds
 // (INSERT) only the positions that move. An upsert wrote a WAL record per
 // row only to lock it, and rewrote positions that did not move.
-// parley_unread_of sees the statement's snapshot, which does not include
-// the writes, so it is given the merged value explicitly.
+// parley_unread_at sees the statement's snapshot, which does not include
+// the writes, so it is given the merged value explicitly (and the
+// conversation's key, head and dense_seq read in facts).
 const markReadsSQL = `
 WITH input AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY AS i(usr, conv, seq, idx)
 ), facts AS MATERIALIZED (
-    SELECT i.*,
-           (SELECT coalesce(max(e.seq), 0) FROM events e
-             WHERE e.conv_key = (SELECT c.conv_key FROM conversations c WHERE c.conv_id = i.conv)) AS head,
+    SELECT i.*, c.conv_key AS key, coalesce(c.dense_seq, 0) AS w,
+           (SELECT coalesce(max(e.seq), 0) FROM events e WHERE e.conv_key = c.conv_key) AS head,
            p.n, p.last_to,
            (SELECT r.read_seq FROM read_positions r WHERE r.user_id = i.usr AND r.conv_id = i.conv) AS prev
       FROM input i
+      LEFT JOIN conversations c ON c.conv_id = i.conv
       CROSS JOIN LATERAL (SELECT count(*) AS n, coalesce(max(coalesce(m.to_seq, $4)), 0) AS last_to
                             FROM membership_periods m WHERE m.conv_id = i.conv AND m.user_id = i.usr) p
 ), want AS MATERIALIZED (
@@ -64,7 +65,7 @@ WITH input AS (
 SELECT f.idx, f.n, f.head, w.merged, f.prev, coalesce(u.unread, 0)
   FROM facts f
   LEFT JOIN (SELECT usr, conv, greatest(coalesce(prev, target), target) AS merged FROM want) w ON w.usr = f.usr AND w.conv = f.conv
-  LEFT JOIN LATERAL parley_unread_of(f.conv, f.usr, w.merged) u ON w.merged IS NOT NULL`
+  LEFT JOIN LATERAL parley_unread_at(f.conv, f.usr, w.merged, f.key, f.head, f.w) u ON w.merged IS NOT NULL`
 
 // MarkReads max-merges a batch of read reports in one statement (group
 // commit). Reports of one batch for the same (user, conv) are merged first.
