@@ -205,9 +205,9 @@ const (
 
 // intake is what the intake keeps of a committed message or recall.
 type intake struct {
-	Conv                  string
-	Seq, Members, Ts, Tgt int64
-	Kind                  store.Kind
+	Conv                     string
+	Seq, Members, Ts, Target int64
+	Kind                     store.Kind
 }
 
 // Committed takes committed events (the conversation log's commit hook):
@@ -223,7 +223,7 @@ func (n *Notifier) Committed(evs []eventlog.Committed) {
 			continue
 		}
 		select {
-		case n.events <- intake{Conv: e.Conv, Seq: e.Seq, Members: e.Members, Ts: e.Ts, Tgt: e.Target, Kind: e.Kind}:
+		case n.events <- intake{Conv: e.Conv, Seq: e.Seq, Members: e.Members, Ts: e.Ts, Target: e.Target, Kind: e.Kind}:
 		default:
 			n.m.dropped.WithLabelValues("", "intake_full").Inc()
 		}
@@ -312,7 +312,7 @@ func (n *Notifier) intakeLoop() {
 func (n *Notifier) eventJob(e intake) put {
 	return put{ID: eventJobID(e.Seq, e.Conv), Shard: n.q.shardOf(e.Conv),
 		Due: e.Ts + n.cfg.Delay.Milliseconds(), Seq: e.Seq, Ts: e.Ts,
-		Body: jobBody{Conv: e.Conv, Kind: KindRecall, Members: e.Members, Target: e.Tgt}}
+		Body: jobBody{Conv: e.Conv, Kind: KindRecall, Members: e.Members, Target: e.Target}}
 }
 
 // eventsPerJob bounds the messages of one event job.
