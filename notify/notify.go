@@ -203,11 +203,12 @@ const (
 	intakeReads  = 16384
 )
 
-// intake is what the intake keeps of a committed message or recall.
+// intake is what the intake keeps of a committed message or recall: the
+// event job's reference to it, and what a recall's job needs besides.
 type intake struct {
-	Conv                     string
-	Seq, Members, Ts, Target int64
-	Kind                     store.Kind
+	eventRef
+	Kind   store.Kind
+	Target int64
 }
 
 // Committed takes committed events (the conversation log's commit hook):
@@ -223,7 +224,7 @@ func (n *Notifier) Committed(evs []eventlog.Committed) {
 			continue
 		}
 		select {
-		case n.events <- intake{Conv: e.Conv, Seq: e.Seq, Members: e.Members, Ts: e.Ts, Target: e.Target, Kind: e.Kind}:
+		case n.events <- intake{eventRef: eventRef{Conv: e.Conv, Seq: e.Seq, Members: e.Members, ts: e.Ts}, Kind: e.Kind, Target: e.Target}:
 		default:
 			n.m.dropped.WithLabelValues("", "intake_full").Inc()
 		}
@@ -253,7 +254,7 @@ func (n *Notifier) intakeLoop() {
 			pending = append(pending, n.eventJob(e))
 			return
 		}
-		msgs = append(msgs, eventRef{Conv: e.Conv, Seq: e.Seq, Members: e.Members, ts: e.Ts})
+		msgs = append(msgs, e.eventRef)
 	}
 	intakeFails := 0
 	for {
@@ -311,7 +312,7 @@ func (n *Notifier) intakeLoop() {
 // eventJob is a recall's job.
 func (n *Notifier) eventJob(e intake) put {
 	return put{ID: eventJobID(e.Seq, e.Conv), Shard: n.q.shardOf(e.Conv),
-		Due: e.Ts + n.cfg.Delay.Milliseconds(), Seq: e.Seq, Ts: e.Ts,
+		Due: e.ts + n.cfg.Delay.Milliseconds(), Seq: e.Seq, Ts: e.ts,
 		Body: jobBody{Conv: e.Conv, Kind: KindRecall, Members: e.Members, Target: e.Target}}
 }
 
