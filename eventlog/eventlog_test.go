@@ -100,7 +100,11 @@ func send(ctx context.Context, l *eventlog.Log, user, cmid string) eventlog.Send
 func TestMemberCacheRefreshedInBackground(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	const ttl = 600 * time.Millisecond
+	// A TTL of 1.5 s: the background refresh runs every fifth of it, and
+	// must not be held up past the entry's expiry by a stalled host (the
+	// test runs beside the race-enabled server tests on two cores; with
+	// 600 ms a stall once made a send wait for a second lookup).
+	const ttl = 1500 * time.Millisecond
 	st, newLog := logs(ctx, t, "ana", "bob")
 	var waitedC, refreshedC counter
 	cfg := eventlog.Config{CommitBatch: 16, CommitWorkers: 2, MemberTTL: ttl}
@@ -110,7 +114,7 @@ func TestMemberCacheRefreshedInBackground(t *testing.T) {
 	lookups := func() (waited, refreshed int64) { return waitedC.n.Load(), refreshedC.n.Load() }
 
 	// ana sends every 20 ms for four TTLs: only her first send waits.
-	for i := range 120 {
+	for i := range int(4 * ttl / (20 * time.Millisecond)) {
 		if r := send(ctx, l, "ana", fmt.Sprint("a", i)); r.Err != nil {
 			t.Fatal(r.Err)
 		}
