@@ -228,8 +228,12 @@ func (g *Gateway) auth(ctx context.Context, s *Session, req *wire.Request) {
 	if s.jwt {
 		ok.ExpiresAt = exp.UnixMilli()
 	}
-	g.answer(s, req, nil, ok)
-	s.answered.Store(true)
+	if req.Rid == "" {
+		s.replyAuthOK(nil)
+		return
+	}
+	g.metrics.framesOut.WithLabelValues(req.T + "_ok").Inc()
+	s.replyAuthOK(ok)
 }
 
 // checkToken checks an auth's static device token. It returns the

@@ -19,9 +19,12 @@ import (
 )
 
 func TestSession(t *testing.T) {
+	// Short enough to wait for, long enough that a stalled host (the
+	// race detector beside the other packages' tests) does not run a
+	// fresh connection into them before its first frame is read.
 	env := startEnv(t, func(c *config.Config) {
-		c.AuthTimeout = time.Second
-		c.IdleTimeout = 2 * time.Second
+		c.AuthTimeout = 3 * time.Second
+		c.IdleTimeout = 4 * time.Second // above auth_timeout, which the tests below time
 	})
 	authTimeout, idleTimeout := env.Cfg.AuthTimeout, env.Cfg.IdleTimeout
 	// The gateway checks both timeouts once a second.
@@ -64,7 +67,7 @@ func TestSession(t *testing.T) {
 		// Sent apart, the auth races the close: repeat to catch it.
 		for range 20 {
 			// The live connection pings as it goes, or a slow host lets
-			// idle_timeout (2 s here) close it before the end. expect
+			// idle_timeout (4 s here) close it before the end. expect
 			// fails on any other frame, which is the check below too.
 			live.ping()
 			for _, bad := range [][]byte{
