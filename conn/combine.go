@@ -113,6 +113,15 @@ func (g *Gateway) initCombiners() {
 		},
 		Sizes: g.metrics.combined.WithLabelValues("online"),
 	}
+	// Each auth registers its connection in the route table: a pipeline
+	// per batch, not a round trip per device.
+	g.registers = combine.Combiner[route.Registration, route.Registered]{
+		Workers: combineWorkers, Max: authBatch, Timeout: g.cfg.RequestTimeout, Log: g.log, Go: g.goroutine,
+		Run: func(ctx context.Context, rs []route.Registration) ([]route.Registered, error) {
+			return g.deps.Routes.RegisterMany(ctx, rs), nil
+		},
+		Sizes: g.metrics.combined.WithLabelValues("register"),
+	}
 	// Each closed connection leaves the route table and the online index:
 	// after a network blip or a gateway restart thousands close at once.
 	g.disconnects = combine.Combiner[route.Disconnected, struct{}]{

@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -89,11 +90,12 @@ type Gateway struct {
 	notices      notices     // recent revocations and suspensions (lifecycle.go)
 	// Reads of many connections answered together (combine.go).
 	snapshots     combine.Combiner[store.SnapshotQuery, []store.SnapshotItem]
-	lookups       combine.Combiner[string, deviceLookup]          // auth: device id -> row
-	provisions    combine.Combiner[store.NewLogin, deviceLookup]  // JWT auth: create the user and device if new
-	onlines       combine.Combiner[fanout.OnlineDevice, struct{}] // auth: join the big conversations' online index
-	disconnects   combine.Combiner[route.Disconnected, struct{}]  // close: leave the route table and the online index
-	receiptChecks combine.Combiner[receiptReq, receiptVerdict]    // receipts: read positions, the gate, privacy
+	lookups       combine.Combiner[string, deviceLookup]                 // auth: device id -> row
+	provisions    combine.Combiner[store.NewLogin, deviceLookup]         // JWT auth: create the user and device if new
+	onlines       combine.Combiner[fanout.OnlineDevice, struct{}]        // auth: join the big conversations' online index
+	registers     combine.Combiner[route.Registration, route.Registered] // auth: enter the route table
+	disconnects   combine.Combiner[route.Disconnected, struct{}]         // close: leave the route table and the online index
+	receiptChecks combine.Combiner[receiptReq, receiptVerdict]           // receipts: read positions, the gate, privacy
 
 	members         memberLists     // current members, for typing and receipts
 	pendingReceipts pendingReceipts // receipts waiting for their window
@@ -755,15 +757,21 @@ func (g *Gateway) Reregister(ctx context.Context) error {
 		}
 	}
 	var online []fanout.OnlineDevice
-	for _, s := range ss {
-		_, _, err := g.deps.Routes.Register(ctx, s.user, s.device, s.token)
-		switch {
-		case errors.Is(err, route.ErrFenced):
-			s.kickOut("replaced")
-		case err != nil:
-			fail(1, err)
-		default:
-			online = append(online, fanout.OnlineDevice{User: s.user, Device: s.device, Token: s.token})
+	for chunk := range slices.Chunk(ss, authBatch) {
+		rs := make([]route.Registration, len(chunk))
+		for i, s := range chunk {
+			rs[i] = route.Registration{User: s.user, Device: s.device, Token: s.token}
+		}
+		for i, r := range g.deps.Routes.RegisterMany(ctx, rs) {
+			s := chunk[i]
+			switch {
+			case errors.Is(r.Err, route.ErrFenced):
+				s.kickOut("replaced")
+			case r.Err != nil:
+				fail(1, r.Err)
+			default:
+				online = append(online, fanout.OnlineDevice{User: s.user, Device: s.device, Token: s.token})
+			}
 		}
 	}
 	for len(online) > 0 && g.deps.Online != nil {

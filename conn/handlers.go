@@ -181,7 +181,11 @@ func (g *Gateway) auth(ctx context.Context, s *Session, req *wire.Request) {
 		s.fail(req.Rid, we)
 		return
 	}
-	token, prev, err := g.deps.Routes.Register(ctx, dev.User, dev.ID, 0)
+	reg, err := g.registers.Do(ctx, route.Registration{User: dev.User, Device: dev.ID})
+	if err == nil {
+		err = reg.Err
+	}
+	token, prev := reg.Token, reg.Prev
 	if err != nil {
 		s.fail(req.Rid, g.wireError(s, req, err))
 		return

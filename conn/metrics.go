@@ -51,7 +51,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "parley_gateway_request_seconds", Help: "Time from a request's arrival (read by the event loop) to its reply being queued for writing, by type.",
 			Buckets: prometheus.ExponentialBuckets(0.0002, 2, 16)}, []string{"type"}),
 		combined: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "parley_gateway_combined_requests", Help: "Requests answered by one database statement, by type (snapshot; auth: the device lookup; provision: first JWT logins; online: joining the online index of big conversations; members: member lists for typing and receipts; disconnect: closed connections leaving the route table and the online index; receipt: read receipts' durable read positions, coalescing gate and privacy).",
+			Name: "parley_gateway_combined_requests", Help: "Requests answered by one database statement, by type (snapshot; auth: the device lookup; provision: first JWT logins; register: entering the route table; online: joining the online index of big conversations; members: member lists for typing and receipts; disconnect: closed connections leaving the route table and the online index; receipt: read receipts' durable read positions, coalescing gate and privacy).",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 10)}, []string{"type"}),
 		acksHeld: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "parley_gateway_acks_held_total", Help: "Acks without rid of seqs the connection was given, held for ack_coalesce instead of committed one by one."}),

@@ -81,29 +81,62 @@ func (t *Table) DropLease(ctx context.Context) error {
 // returns the connection's token and the entry it replaced, if any, or
 // ErrFenced with the newer entry.
 func (t *Table) Register(ctx context.Context, user, device string, token int64) (int64, *Entry, error) {
+	r := t.RegisterMany(ctx, []Registration{{User: user, Device: device, Token: token}})[0]
+	return r.Token, r.Prev, r.Err
+}
+
+// Registration is one connection to register (Register's arguments).
+type Registration struct {
+	User, Device string
+	Token        int64
+}
+
+// Registered is the outcome of one Registration, as Register returns it.
+type Registered struct {
+	Token int64
+	Prev  *Entry
+	Err   error
+}
+
+// RegisterMany registers connections as Register does, in one pipeline:
+// in a reconnect storm every device registers at once, and a round trip
+// each cost the gateway a write and a read system call per device. Each
+// registration has its own outcome; a failed pipeline fails all of them.
+func (t *Table) RegisterMany(ctx context.Context, rs []Registration) []Registered {
 	val := t.gateway + "|" + t.boot
-	res, err := scripts.RouteSet.Run(ctx, t.rdb, []string{t.userKey(user)}, device, token, val, time.Now().UnixMicro()).Slice()
+	now := time.Now().UnixMicro()
+	cmds := make([]*redis.Cmd, len(rs))
+	_, _ = scripts.RunPipelined(ctx, t.rdb, func(p redis.Pipeliner) {
+		for i, r := range rs {
+			cmds[i] = scripts.RouteSet.EvalSha(ctx, p, []string{t.userKey(r.User)}, r.Device, r.Token, val, now)
+		}
+	})
+	out := make([]Registered, len(rs))
+	for i, r := range rs {
+		out[i] = registered(r, cmds[i])
+	}
+	return out
+}
+
+// registered reads route_set's reply to r.
+func registered(r Registration, cmd *redis.Cmd) Registered {
+	res, err := cmd.Slice()
 	if err != nil {
-		return 0, nil, fmt.Errorf("route: %w", err)
+		return Registered{Err: fmt.Errorf("route: %w", err)}
 	}
 	if len(res) != 2 {
-		return 0, nil, fmt.Errorf("route: unexpected reply %v", res)
+		return Registered{Err: fmt.Errorf("route: unexpected reply %v", res)}
 	}
-	prev, _ := res[1].(string)
-	var prevEntry *Entry
-	if prev != "" {
-		if e, ok := parseEntry(user, device, prev); ok {
-			prevEntry = &e
+	var out Registered
+	if prev, _ := res[1].(string); prev != "" {
+		if e, ok := parseEntry(r.User, r.Device, prev); ok {
+			out.Prev = &e
 		}
 	}
-	tok, err := toInt64(res[0])
-	if err != nil {
-		return 0, nil, err
+	if out.Token, out.Err = toInt64(res[0]); out.Err == nil && out.Token == 0 {
+		out.Err = ErrFenced
 	}
-	if tok == 0 {
-		return 0, prevEntry, ErrFenced
-	}
-	return tok, prevEntry, nil
+	return out
 }
 
 // Unregister removes device's entry if it still belongs to token.
