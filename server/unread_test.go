@@ -747,17 +747,30 @@ func (h *urHistory) check() {
 		for _, it := range cr.Items {
 			items[it.Conv] = it
 		}
-		var req []wire.ConvAfter
-		for _, c := range h.convs {
-			req = append(req, wire.ConvAfter{Conv: c.id, After: heads[c.id]})
-		}
-		sr, err := conn.Snapshot(h.ctx(), req)
-		if err != nil || len(sr.Items) != len(h.convs) {
-			h.fail("snapshot of %s: %+v %v", u.id, sr, err)
+		// Snapshots from the head (nothing to send), from the start and
+		// from a random seq: the unread count is the same whether the
+		// reply's events cover the read position or not.
+		var snaps [3]wire.Message
+		for k := range snaps {
+			var req []wire.ConvAfter
+			for _, c := range h.convs {
+				after := heads[c.id]
+				if k == 1 {
+					after = 0
+				} else if k == 2 {
+					after = h.rng.Int63n(heads[c.id] + 1)
+				}
+				req = append(req, wire.ConvAfter{Conv: c.id, After: after})
+			}
+			sr, err := conn.Snapshot(h.ctx(), req)
+			if err != nil || len(sr.Items) != len(h.convs) {
+				h.fail("snapshot of %s: %+v %v", u.id, sr, err)
+			}
+			snaps[k] = sr
 		}
 		for i, c := range h.convs {
 			it, listed := items[c.id]
-			si := sr.Items[i]
+			si := snaps[0].Items[i]
 			if !c.ever(u.id) {
 				if listed || si.Error != string(wire.NotMember) {
 					h.fail("%s was never in %s: convs item %+v, snapshot %+v", u.id, c.id, it, si)
@@ -778,8 +791,10 @@ func (h *urHistory) check() {
 				h.fail("%s/%s convs on %s: head %d read %d unread %d delivered %d; SQL head %d read_positions %d definition unread %d; model read %d unread %d delivered %d",
 					u.id, c.id, dev, it.Head, it.Read, it.Unread, it.Delivered, head, stored, def, mRead, mUnread, h.deliv[dev][c.id])
 			}
-			if si.Error != "" || si.Head != head || si.Read != stored || si.Unread != def {
-				h.fail("%s/%s snapshot: %+v; want head %d read %d unread %d", u.id, c.id, si, head, stored, def)
+			for k, sr := range snaps {
+				if si := sr.Items[i]; si.Error != "" || si.Head != head || si.Read != stored || si.Unread != def {
+					h.fail("%s/%s snapshot %d: %+v; want head %d read %d unread %d", u.id, c.id, k, si, head, stored, def)
+				}
 			}
 			if it.Unread > it.Head-it.Read || it.Read > it.Head || it.Read > c.lastTo(u.id) {
 				h.fail("%s/%s: head %d read %d unread %d, last period ends %d", u.id, c.id, it.Head, it.Read, it.Unread, c.lastTo(u.id))

@@ -49,12 +49,15 @@ func (s *Store) Snapshot(ctx context.Context, user string, convs []string, after
 // Row kinds (column t):
 //
 //	0: one per item whose user is or was a member: k (the item's position
-//	   in the arrays, from 1), head, read, unread, the visible events
-//	   above `after` when the gap is larger than fullMax (total), and the
-//	   user's periods (froms, tos);
-//	1: every row of a small gap (after, head] of conv, once per distinct
-//	   (conv, after) whoever asked for it: the members of a conversation
-//	   reconnecting together ask for the same range. The caller applies
+//	   in the arrays, from 1), head, read, unread (-1: count it from the
+//	   item's rows of kind 1, which hold every event above read), the
+//	   visible events above `after` when the gap is larger than fullMax
+//	   (total), and the user's periods (froms, tos);
+//	1: every row of a small gap (st, head] of conv, once per distinct
+//	   (conv, st) whoever asked for it: the members of a conversation
+//	   reconnecting together ask for the same range. st is the item's
+//	   after, or its read position when that is lower and the unread
+//	   count is counted in these rows (unread -1). The caller applies
 //	   each user's periods (visibleRun);
 //	2: per item with a large gap, the newest tail events visible to the
 //	   item's user.
@@ -65,8 +68,9 @@ const snapshotSQL = `WITH q AS (
 		(SELECT coalesce(max(e.seq), 0) FROM events e WHERE e.conv_key = c.conv_key) AS head
 	FROM (SELECT DISTINCT conv FROM q) d JOIN conversations c ON c.conv_id = d.conv
 ), uc AS MATERIALIZED (
-	SELECT u.usr, u.conv, hd.key, hd.head, p.froms, p.tos, r.read, r.cleared, ur.unread
-	FROM (SELECT DISTINCT usr, conv FROM q) u
+	SELECT u.usr, u.conv, hd.key, hd.head, p.froms, p.tos, r.read, r.cleared, cv.counted,
+		CASE WHEN cv.counted THEN -1 ELSE ur.unread END AS unread
+	FROM (SELECT usr, conv, min(after) AS lo, max(after) AS hi FROM q GROUP BY usr, conv) u
 	JOIN hd ON hd.conv = u.conv
 	CROSS JOIN LATERAL (SELECT coalesce(max(r.read_seq), 0) AS read, coalesce(max(r.cleared_seq), 0) AS cleared
 		FROM read_positions r WHERE r.user_id = u.usr AND r.conv_id = u.conv) r
@@ -75,14 +79,24 @@ const snapshotSQL = `WITH q AS (
 	CROSS JOIN LATERAL (SELECT array_agg(greatest(m.from_seq, r.cleared + 1) ORDER BY m.from_seq) AS froms,
 			array_agg(coalesce(m.to_seq, 9223372036854775807) ORDER BY m.from_seq) AS tos
 		FROM membership_periods m WHERE m.user_id = u.usr AND m.conv_id = u.conv) p
-	-- the unread count from the conversation's row and head read above
-	CROSS JOIN LATERAL parley_unread_at(u.conv, u.usr, r.read, hd.key, hd.head, hd.w) ur
+	-- counted: the caller counts the unread messages (unreadIn) in the
+	-- rows this statement returns for each of the user's items of the
+	-- conversation, which then start at or below the read position
+	-- (read or after, whichever is lower): a small gap, and at most $6
+	-- rows below after that the reply does not need otherwise
+	CROSS JOIN LATERAL (SELECT u.lo >= 0 AND r.read >= r.cleared AND u.hi - r.read <= $6
+			AND hd.head - least(u.lo, r.read) <= $4 AS counted) cv
+	-- otherwise the unread count, from the conversation's row and head
+	-- read above (from the head, which counts nothing, when counted)
+	CROSS JOIN LATERAL parley_unread_at(u.conv, u.usr, CASE WHEN cv.counted THEN hd.head ELSE r.read END,
+		hd.key, hd.head, hd.w) ur
 	WHERE p.froms IS NOT NULL
 ), it AS MATERIALIZED (
-	SELECT q.k, q.usr, q.conv, uc.key, q.after, uc.head, uc.read, uc.cleared, uc.unread, uc.froms, uc.tos
+	SELECT q.k, q.usr, q.conv, uc.key, q.after, uc.head, uc.read, uc.cleared, uc.unread, uc.froms, uc.tos,
+		CASE WHEN uc.counted THEN least(q.after, uc.read) ELSE q.after END AS st -- where the item's rows start
 	FROM q JOIN uc ON uc.usr = q.usr AND uc.conv = q.conv
 ), rg AS (
-	SELECT DISTINCT conv, key, after, head FROM it WHERE after >= 0 AND head > after AND head - after <= $4
+	SELECT DISTINCT conv, key, st, head FROM it WHERE st >= 0 AND head > st AND head - st <= $4
 )
 SELECT 0 AS t, it.k, '' AS conv, 0::bigint AS after, it.head, it.read, it.unread,
 	CASE WHEN it.after >= 0 AND it.head - it.after > $4 THEN
@@ -95,10 +109,10 @@ SELECT 0 AS t, it.k, '' AS conv, 0::bigint AS after, it.head, it.read, it.unread
 	false AS recalled, 0::bigint AS target, NULL::text[] AS users, 0::bigint AS edited, NULL::jsonb AS attrs
 FROM it
 UNION ALL
-SELECT 1, 0, rg.conv, rg.after, 0, 0, 0, 0, NULL, NULL,
+SELECT 1, 0, rg.conv, rg.st, 0, 0, 0, 0, NULL, NULL,
 	e.seq, e.kind, e.sender, coalesce(e.cmid, ''), coalesce(e.body, ''::bytea), e.ts,
 	e.recalled_by IS NOT NULL, coalesce(e.target, 0), e.users, coalesce(e.edited_ts, 0), e.attrs
-FROM rg JOIN events e ON e.conv_key = rg.key AND e.seq > rg.after AND e.seq <= rg.head
+FROM rg JOIN events e ON e.conv_key = rg.key AND e.seq > rg.st AND e.seq <= rg.head
 UNION ALL
 SELECT 2, it.k, '', 0, 0, 0, 0, 0, NULL, NULL,
 	tl.seq, tl.kind, tl.sender, tl.cmid, tl.body, tl.ts, tl.recalled, tl.target, tl.users, tl.edited, tl.attrs
@@ -185,12 +199,19 @@ func (s *Store) SnapshotBatch(ctx context.Context, qs []SnapshotQuery, fullMax, 
 		conv, after := convs[k], afters[k]
 		res := &out[r.q][r.i]
 		*res = SnapshotItem{Conv: conv, Head: it.Head, Read: it.Read, Unread: it.Unread}
+		var rows []Event // the item's rows of kind 1: from after, or from read if lower and counted
+		if it.Unread < 0 {
+			rows = ranges[rangeKey{conv, min(after, it.Read)}]
+			res.Unread = unreadIn(qs[r.q].User, it.Read, it.ps, rows)
+		} else {
+			rows = ranges[rangeKey{conv, after}]
+		}
 		switch gap := it.Head - after; {
 		case after < 0 || gap < 0:
-			res.Err = ErrCursorAhead
+			*res = SnapshotItem{Conv: conv, Err: ErrCursorAhead}
 		case gap == 0:
 		case gap <= int64(fullMax):
-			res.Events = visibleRun(after, it.ps, ranges[rangeKey{conv, after}])
+			res.Events = visibleRun(after, it.ps, rows)
 		default:
 			slices.SortFunc(it.tail, bySeq)
 			res.Events = it.tail
@@ -199,6 +220,12 @@ func (s *Store) SnapshotBatch(ctx context.Context, qs []SnapshotQuery, fullMax, 
 	}
 	return out, nil
 }
+
+// snapshotCountBelow is the most rows below an item's after (down to its
+// read position) that a snapshot statement returns so that the unread
+// count is counted in them rather than by parley_unread_at's index
+// lookups (the cheaper for a few rows).
+const snapshotCountBelow = 16
 
 // rangeKey names the rows (after, head] of conv (head is the
 // conversation's, the same for every item of one statement).
@@ -214,7 +241,7 @@ type rangeKey struct {
 // running it.
 func (s *Store) snapshotRows(ctx context.Context, users, convs []string, afters []int64, fullMax, tail int,
 	f func(t, k int64, key rangeKey, hdr SnapshotItem, froms, tos []int64, e Event)) error {
-	return s.genericRows(ctx, snapshotSQL, []any{users, convs, afters, int64(fullMax), int64(tail)}, func(rows pgx.Rows) error {
+	return s.genericRows(ctx, snapshotSQL, []any{users, convs, afters, int64(fullMax), int64(tail), int64(snapshotCountBelow)}, func(rows pgx.Rows) error {
 		var t, k int64
 		var key rangeKey
 		var hdr SnapshotItem
@@ -255,13 +282,16 @@ func storable(s string) bool {
 	return utf8.ValidString(s) && !strings.ContainsRune(s, 0)
 }
 
-// visibleRun returns the visible events of rows (seq order, all rows of a
-// range starting at after+1) up to the first seq without a row, as sync
+// visibleRun returns the visible events of rows above after (seq order,
+// all rows of a range starting at or below after+1) up to the first seq without a row, as sync
 // would: a seq in flight ends the run.
 func visibleRun(after int64, ps []Period, rows []Event) []Event {
 	var out []Event
 	next := after + 1
 	for _, e := range rows {
+		if e.Seq <= after { // rows below after, for the unread count
+			continue
+		}
 		if e.Seq != next {
 			break
 		}
@@ -275,6 +305,24 @@ func visibleRun(after int64, ps []Period, rows []Event) []Event {
 		out = append(out, e)
 	}
 	return out
+}
+
+// unreadIn is the unread count by its definition (docs/consistency.md)
+// over rows, the events of a range that holds every seq above read (as
+// snapshotSQL's rows of kind 1 do for an item whose gap is small and
+// starts at or below read): the messages above read, in the user's
+// periods (ps, which start above the cleared position, at or below
+// read), neither recalled nor sent by the user. Counting the rows the
+// snapshot returns anyway spares PostgreSQL the index lookups of
+// parley_unread_at for every such item: most of a reconnect storm's.
+func unreadIn(user string, read int64, ps []Period, rows []Event) int64 {
+	var n int64
+	for _, e := range rows {
+		if e.Seq > read && e.Kind == KindMsg && !e.Recalled && e.Sender != user && inPeriods(ps, e.Seq) {
+			n++
+		}
+	}
+	return n
 }
 
 func inPeriods(ps []Period, seq int64) bool {
