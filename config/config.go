@@ -38,7 +38,7 @@ type Config struct {
 
 	// PostgresURL is the authoritative store.
 	PostgresURL string `yaml:"postgres_url" default:"postgres://parley:parley@127.0.0.1:5432/parley?sslmode=disable"`
-	// PostgresMaxConns caps the pgx pool.
+	// PostgresMaxConns caps the pgx pool (snapshot statements have 4 more connections of their own).
 	PostgresMaxConns int `yaml:"postgres_max_conns" default:"32"`
 	// Migrate applies pending schema migrations at start-up.
 	Migrate bool `yaml:"migrate" default:"true"`

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Kind is an event's kind as stored (smallint).
@@ -270,7 +271,7 @@ func lockKeys(ns string, ids []string) []int64 {
 // implicit: it commits at the end of the batch, when the batch is closed,
 // so what sql wrote is durable only once lockedRows returns nil.
 func (s *Store) lockedRows(ctx context.Context, lockSQL string, keys []int64, sql string, args []any, scan func(pgx.Rows) error) error {
-	return s.batchRows(ctx, "", lockSQL, keys, sql, args, scan)
+	return s.batchRows(ctx, s.pool, "", lockSQL, keys, sql, args, scan)
 }
 
 // lockedRowsGeneric is lockedRows with sql run on its generic plan (see
@@ -279,7 +280,7 @@ func (s *Store) lockedRows(ctx context.Context, lockSQL string, keys []int64, sq
 // statements, which inline parley_unread_of: 9-22 ms of planning each in
 // the realistic mix). sql must be plan-stable, as genericRows requires.
 func (s *Store) lockedRowsGeneric(ctx context.Context, lockSQL string, keys []int64, sql string, args []any, scan func(pgx.Rows) error) error {
-	return s.batchRows(ctx, "BEGIN", lockSQL, keys, sql, args, scan)
+	return s.batchRows(ctx, s.pool, "BEGIN", lockSQL, keys, sql, args, scan)
 }
 
 // batchRows sends, in one round trip: begin and SET LOCAL plan_cache_mode
@@ -287,7 +288,7 @@ func (s *Store) lockedRowsGeneric(ctx context.Context, lockSQL string, keys []in
 // the batch's implicit one), lockSQL with keys (if lockSQL is not ""),
 // sql with args, and COMMIT (if begin was sent). It calls scan for each
 // row sql returns and returns once the transaction committed.
-func (s *Store) batchRows(ctx context.Context, begin, lockSQL string, keys []int64, sql string, args []any, scan func(pgx.Rows) error) error {
+func (s *Store) batchRows(ctx context.Context, pool *pgxpool.Pool, begin, lockSQL string, keys []int64, sql string, args []any, scan func(pgx.Rows) error) error {
 	b := &pgx.Batch{}
 	if begin != "" {
 		b.Queue(begin)
@@ -301,7 +302,7 @@ func (s *Store) batchRows(ctx context.Context, begin, lockSQL string, keys []int
 	if begin != "" {
 		b.Queue(`COMMIT`)
 	}
-	br := s.pool.SendBatch(ctx, b)
+	br := pool.SendBatch(ctx, b)
 	defer br.Close()
 	for range before {
 		if _, err := br.Exec(); err != nil {

@@ -235,13 +235,14 @@ type rangeKey struct {
 }
 
 // snapshotRows runs snapshotSQL and hands each row to f (hdr.Skipped
-// carries the row's total), with the generic plan (genericRows): planning
+// carries the row's total), with the generic plan (as genericRows, but on
+// the snapshot pool, whose few connections each plan it once): planning
 // this statement anew for every execution (what PostgreSQL chooses on its
 // own, as its estimates depend on the array lengths) costs more than
 // running it.
 func (s *Store) snapshotRows(ctx context.Context, users, convs []string, afters []int64, fullMax, tail int,
 	f func(t, k int64, key rangeKey, hdr SnapshotItem, froms, tos []int64, e Event)) error {
-	return s.genericRows(ctx, snapshotSQL, []any{users, convs, afters, int64(fullMax), int64(tail), int64(snapshotCountBelow)}, func(rows pgx.Rows) error {
+	return s.batchRows(ctx, s.snapshots, "BEGIN READ ONLY", "", nil, snapshotSQL, []any{users, convs, afters, int64(fullMax), int64(tail), int64(snapshotCountBelow)}, func(rows pgx.Rows) error {
 		var t, k int64
 		var key rangeKey
 		var hdr SnapshotItem
@@ -273,7 +274,7 @@ func (s *Store) snapshotRows(ctx context.Context, users, convs []string, afters 
 // subqueries): a generic plan is made once per connection, maybe while
 // the tables are small, and kept as they grow.
 func (s *Store) genericRows(ctx context.Context, sql string, args []any, scan func(pgx.Rows) error) error {
-	return s.batchRows(ctx, "BEGIN READ ONLY", "", nil, sql, args, scan)
+	return s.batchRows(ctx, s.pool, "BEGIN READ ONLY", "", nil, sql, args, scan)
 }
 
 // storable reports whether s can be a text value in PostgreSQL (UTF-8

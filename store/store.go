@@ -41,7 +41,17 @@ var (
 // Store is a pool of connections to the authoritative database.
 type Store struct {
 	pool *pgxpool.Pool
+	// snapshots runs the snapshot statements, and nothing else. Each
+	// connection that first runs one plans it, which takes PostgreSQL
+	// tens of milliseconds (the unread count is inlined into it); spread
+	// over the main pool, a reconnect storm after a start planned it on
+	// a dozen connections. The gateway runs at most snapshotConns at once.
+	snapshots *pgxpool.Pool
 }
+
+// snapshotConns is the size of the snapshot statements' pool: the
+// gateway's snapshot batches that may run at once.
+const snapshotConns = 4
 
 // Open connects to url and checks the connection.
 func Open(ctx context.Context, url string, maxConns int) (*Store, error) {
@@ -67,11 +77,21 @@ func Open(ctx context.Context, url string, maxConns int) (*Store, error) {
 		pool.Close()
 		return nil, fmt.Errorf("store: %w", err)
 	}
-	return &Store{pool: pool}, nil
+	scfg := cfg.Copy()
+	scfg.MaxConns, scfg.MinConns = snapshotConns, 0
+	snapshots, err := pgxpool.NewWithConfig(ctx, scfg)
+	if err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("store: %w", err)
+	}
+	return &Store{pool: pool, snapshots: snapshots}, nil
 }
 
 // Close closes every connection.
-func (s *Store) Close() { s.pool.Close() }
+func (s *Store) Close() {
+	s.snapshots.Close()
+	s.pool.Close()
+}
 
 // Ping checks that PostgreSQL answers.
 func (s *Store) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }
