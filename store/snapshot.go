@@ -87,8 +87,9 @@ const snapshotSQL = `WITH q AS (
 	CROSS JOIN LATERAL (SELECT u.lo >= 0 AND r.read >= r.cleared AND u.hi - r.read <= $6
 			AND hd.head - least(u.lo, r.read) <= $4 AS counted) cv
 	-- otherwise the unread count, from the conversation's row and head
-	-- read above (from the head, which counts nothing, when counted)
-	CROSS JOIN LATERAL parley_unread_at(u.conv, u.usr, CASE WHEN cv.counted THEN hd.head ELSE r.read END,
+	-- read above (when counted, of no conversation: a lookup by NULL
+	-- reads no index page, and the count is 0)
+	CROSS JOIN LATERAL parley_unread_at(CASE WHEN NOT cv.counted THEN u.conv END, u.usr, r.read,
 		hd.key, hd.head, hd.w) ur
 	WHERE p.froms IS NOT NULL
 ), it AS MATERIALIZED (
