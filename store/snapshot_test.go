@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"slices"
 	"testing"
@@ -79,6 +80,8 @@ func TestSnapshotBatchKeepsVisibilityPerUser(t *testing.T) {
 			{User: "cy", Convs: []string{"nope", "g", "g"}, Afters: []int64{0, 3, 10}},
 			{User: "dee", Convs: []string{"g"}, Afters: []int64{0}},
 			{User: "ana", Convs: []string{"g\x00", "g\xff", "g"}, Afters: []int64{0, 0, -1}},
+			// The extremes fail their items, not the statement (no overflow).
+			{User: "ben", Convs: []string{"g", "g"}, Afters: []int64{math.MinInt64, math.MaxInt64}},
 		}, [][]string{
 			{"[1 2 3 4 5 6 7 8 9]/0"},
 			{"[1 2 3 4 5 6]/0"},
@@ -88,6 +91,7 @@ func TestSnapshotBatchKeepsVisibilityPerUser(t *testing.T) {
 			{"NOT_MEMBER", "[4 5 6 7 8 9]/0", "CURSOR_AHEAD"},
 			{"NOT_MEMBER"},
 			{"NOT_MEMBER", "NOT_MEMBER", "CURSOR_AHEAD"},
+			{"CURSOR_AHEAD", "CURSOR_AHEAD"},
 		}},
 		{3, 2, []store.SnapshotQuery{ // gaps over 3 get the newest 2 visible events
 			{User: "ana", Convs: []string{"g", "g"}, Afters: []int64{0, 6}},
