@@ -16,7 +16,7 @@ type SnapshotItem struct {
 	Head    int64
 	Read    int64
 	Unread  int64
-	Events  []Event
+	Events  []Event // read-only: items of one batch may share events
 	Skipped int64
 	Err     error // ErrNotMember, ErrCursorAhead
 }
@@ -157,19 +157,29 @@ func (s *Store) SnapshotBatch(ctx context.Context, qs []SnapshotQuery, fullMax, 
 	}
 	items := make([]item, len(refs))
 	ranges := map[rangeKey][]Event{}
+	heads := map[string]int64{} // of the conversations read so far: the size of their ranges
 	if len(refs) > 0 {
 		if err := s.snapshotRows(ctx, users, convs, afters, fullMax, tail, func(t, k int64, key rangeKey, hdr SnapshotItem, froms, tos []int64, e Event) {
 			switch t {
 			case 0:
 				it := &items[k-1]
 				it.member, it.SnapshotItem = true, hdr
+				heads[convs[k-1]] = hdr.Head
 				it.ps = make([]Period, len(froms))
 				for j := range froms {
 					it.ps[j] = Period{From: froms[j], To: tos[j]}
 				}
 			case 1:
 				e.Conv = key.conv
-				ranges[key] = append(ranges[key], e)
+				if e.Recalled {
+					e.Body = nil
+				}
+				r, ok := ranges[key]
+				if h := heads[key.conv]; !ok && h > key.after {
+					// Rows of kind 0 come first: the range's size is known.
+					r = make([]Event, 0, min(h-key.after, int64(fullMax+snapshotCountBelow)))
+				}
+				ranges[key] = append(r, e)
 			case 2:
 				e.Conv = convs[k-1]
 				if e.Recalled {
@@ -285,26 +295,36 @@ func storable(s string) bool {
 }
 
 // visibleRun returns the visible events of rows above after (seq order,
-// all rows of a range starting at or below after+1) up to the first seq without a row, as sync
-// would: a seq in flight ends the run.
+// all rows of a range starting at or below after+1, recalled ones without
+// their body) up to the first seq without a row, as sync would: a seq in
+// flight ends the run. When every event of the run is visible (the
+// common case: a member since before after, no holes) it is a slice of
+// rows itself, shared with the other items of the range: items' events
+// are read-only.
 func visibleRun(after int64, ps []Period, rows []Event) []Event {
+	start := 0
+	for start < len(rows) && rows[start].Seq <= after { // rows below after, for the unread count
+		start++
+	}
+	run, n, all := rows[start:], 0, true
+	for next := after + 1; n < len(run) && run[n].Seq == next; next++ {
+		all = all && run[n].Kind != KindHole && inPeriods(ps, run[n].Seq)
+		n++
+	}
+	if n == 0 {
+		return nil
+	}
+	if all {
+		return run[:n:n]
+	}
 	var out []Event
-	next := after + 1
-	for _, e := range rows {
-		if e.Seq <= after { // rows below after, for the unread count
-			continue
+	for _, e := range run[:n] {
+		if e.Kind != KindHole && inPeriods(ps, e.Seq) {
+			if out == nil {
+				out = make([]Event, 0, n)
+			}
+			out = append(out, e)
 		}
-		if e.Seq != next {
-			break
-		}
-		next++
-		if e.Kind == KindHole || !inPeriods(ps, e.Seq) {
-			continue
-		}
-		if e.Recalled {
-			e.Body = nil
-		}
-		out = append(out, e)
 	}
 	return out
 }
