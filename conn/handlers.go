@@ -232,8 +232,8 @@ func (g *Gateway) auth(ctx context.Context, s *Session, req *wire.Request) {
 	if s.jwt {
 		ok.ExpiresAt = exp.UnixMilli()
 	}
-	if req.Rid == "" {
-		s.replyAuthOK(nil)
+	if req.Rid == "" { // no auth_ok to order frames after
+		s.answered.Store(true)
 		return
 	}
 	g.metrics.framesOut.WithLabelValues(req.T + "_ok").Inc()

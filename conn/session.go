@@ -164,10 +164,10 @@ func (s *Session) reply(v any) {
 	s.queueReply(v, false)
 }
 
-// replyAuthOK queues auth_ok v (nil: the auth had no rid, so no reply) and
-// sets answered in the same step, before the outbox can be written: a
-// frame the client sends once it reads auth_ok finds answered set, and
-// whatever the loop answers from then on follows auth_ok.
+// replyAuthOK queues auth_ok v and sets answered in the same step, before
+// the outbox can be written: a frame the client sends once it reads
+// auth_ok finds answered set, and whatever the loop answers from then on
+// follows auth_ok.
 func (s *Session) replyAuthOK(v any) {
 	s.queueReply(v, true)
 }
@@ -177,23 +177,21 @@ func (s *Session) queueReply(v any, answered bool) {
 		return
 	}
 	s.omu.Lock()
-	if v != nil && len(s.out)+s.backlog > 2*s.g.cfg.MaxOutbound {
+	if len(s.out)+s.backlog > 2*s.g.cfg.MaxOutbound {
 		s.omu.Unlock()
 		s.g.metrics.drops.WithLabelValues("slow_device_closed").Inc()
 		s.close()
 		return
 	}
-	if v != nil {
-		n := len(s.out)
-		out, err := wire.AppendFrame(s.out, v)
-		if err != nil {
-			s.out = out[:n]
-			s.omu.Unlock()
-			s.g.log.Error("encoding reply", "err", err)
-			return
-		}
-		s.out = out
+	n := len(s.out)
+	out, err := wire.AppendFrame(s.out, v)
+	if err != nil {
+		s.out = out[:n]
+		s.omu.Unlock()
+		s.g.log.Error("encoding reply", "err", err)
+		return
 	}
+	s.out = out
 	if answered {
 		s.answered.Store(true)
 	}

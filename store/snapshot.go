@@ -53,7 +53,7 @@ func (s *Store) Snapshot(ctx context.Context, user string, convs []string, after
 //	   item's rows of kind 1, which hold every event above read), the
 //	   visible events above `after` when the gap is larger than fullMax
 //	   (total), and the user's periods (froms, tos);
-//	1: every row of a small gap (st, head] of conv, once per distinct
+//	1: every row of a small gap (st, head] of conv (with head), once per distinct
 //	   (conv, st) whoever asked for it: the members of a conversation
 //	   reconnecting together ask for the same range. st is the item's
 //	   after, or its read position when that is lower and the unread
@@ -68,7 +68,7 @@ const snapshotSQL = `WITH q AS (
 		(SELECT coalesce(max(e.seq), 0) FROM events e WHERE e.conv_key = c.conv_key) AS head
 	FROM (SELECT DISTINCT conv FROM q) d JOIN conversations c ON c.conv_id = d.conv
 ), uc AS MATERIALIZED (
-	SELECT u.usr, u.conv, hd.key, hd.head, p.froms, p.tos, r.read, r.cleared, cv.counted,
+	SELECT u.usr, u.conv, hd.key, hd.head, p.froms, p.tos, r.read, r.cleared,
 		CASE WHEN cv.counted THEN -1 ELSE ur.unread END AS unread
 	FROM (SELECT usr, conv, min(after) AS lo, max(after) AS hi FROM q GROUP BY usr, conv) u
 	JOIN hd ON hd.conv = u.conv
@@ -94,7 +94,7 @@ const snapshotSQL = `WITH q AS (
 	WHERE p.froms IS NOT NULL
 ), it AS MATERIALIZED (
 	SELECT q.k, q.usr, q.conv, uc.key, q.after, uc.head, uc.read, uc.cleared, uc.unread, uc.froms, uc.tos,
-		CASE WHEN uc.counted THEN least(q.after, uc.read) ELSE q.after END AS st -- where the item's rows start
+		CASE WHEN uc.unread < 0 THEN least(q.after, uc.read) ELSE q.after END AS st -- where the item's rows start
 	FROM q JOIN uc ON uc.usr = q.usr AND uc.conv = q.conv
 ), rg AS (
 	SELECT DISTINCT conv, key, st, head FROM it WHERE st >= 0 AND head > st AND head - st <= $4
@@ -110,7 +110,7 @@ SELECT 0 AS t, it.k, '' AS conv, 0::bigint AS after, it.head, it.read, it.unread
 	false AS recalled, 0::bigint AS target, NULL::text[] AS users, 0::bigint AS edited, NULL::jsonb AS attrs
 FROM it
 UNION ALL
-SELECT 1, 0, rg.conv, rg.st, 0, 0, 0, 0, NULL, NULL,
+SELECT 1, 0, rg.conv, rg.st, rg.head, 0, 0, 0, NULL, NULL,
 	e.seq, e.kind, e.sender, coalesce(e.cmid, ''), coalesce(e.body, ''::bytea), e.ts,
 	e.recalled_by IS NOT NULL, coalesce(e.target, 0), e.users, coalesce(e.edited_ts, 0), e.attrs
 FROM rg JOIN events e ON e.conv_key = rg.key AND e.seq > rg.st AND e.seq <= rg.head
@@ -157,14 +157,12 @@ func (s *Store) SnapshotBatch(ctx context.Context, qs []SnapshotQuery, fullMax, 
 	}
 	items := make([]item, len(refs))
 	ranges := map[rangeKey][]Event{}
-	heads := map[string]int64{} // of the conversations read so far: the size of their ranges
 	if len(refs) > 0 {
 		if err := s.snapshotRows(ctx, users, convs, afters, fullMax, tail, func(t, k int64, key rangeKey, hdr SnapshotItem, froms, tos []int64, e Event) {
 			switch t {
 			case 0:
 				it := &items[k-1]
 				it.member, it.SnapshotItem = true, hdr
-				heads[convs[k-1]] = hdr.Head
 				it.ps = make([]Period, len(froms))
 				for j := range froms {
 					it.ps[j] = Period{From: froms[j], To: tos[j]}
@@ -175,9 +173,8 @@ func (s *Store) SnapshotBatch(ctx context.Context, qs []SnapshotQuery, fullMax, 
 					e.Body = nil
 				}
 				r, ok := ranges[key]
-				if h := heads[key.conv]; !ok && h > key.after {
-					// Rows of kind 0 come first: the range's size is known.
-					r = make([]Event, 0, min(h-key.after, int64(fullMax+snapshotCountBelow)))
+				if !ok { // the row carries its range's head: the range's size
+					r = make([]Event, 0, min(hdr.Head-key.after, int64(fullMax+snapshotCountBelow)))
 				}
 				ranges[key] = append(r, e)
 			case 2:
