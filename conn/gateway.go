@@ -685,6 +685,20 @@ func (g *Gateway) OnTick() (time.Duration, gnet.Action) {
 	return time.Second, gnet.None
 }
 
+// Backlogged reports whether more than authBatch connections are not
+// authenticated yet, or, within the last second, an auth or a snapshot
+// had to wait for a statement because every worker of its kind was busy
+// (fanout.Local): a reconnect storm, from its first connections.
+func (g *Gateway) Backlogged() bool {
+	since := time.Now().Add(-time.Second)
+	if g.snapshots.Waited().After(since) || g.lookups.Waited().After(since) || g.provisions.Waited().After(since) {
+		return true
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.sessions)-len(g.devices) > authBatch
+}
+
 // Deliver writes frames to this gateway's connections (fanout.Local).
 func (g *Gateway) Deliver(ds []fanout.Delivery) {
 	now := time.Now()

@@ -188,6 +188,10 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Server, e
 			return nil, err
 		}
 	}
+	if err = s.st.PlanSnapshots(ctx); err != nil {
+		// Each connection then plans it at its first snapshot.
+		log.Warn("planning the snapshot statement", "err", err)
+	}
 	if s.rdb, err = newRedis(cfg, 64); err != nil {
 		return nil, err
 	}

@@ -46,6 +46,8 @@ type Store struct {
 	// tens of milliseconds (the unread count is inlined into it); spread
 	// over the main pool, a reconnect storm after a start planned it on
 	// a dozen connections. The gateway runs at most snapshotConns at once.
+	// PlanSnapshots opens them and plans it when the server starts: after
+	// a gateway starts, its first snapshots are a reconnect storm's.
 	snapshots *pgxpool.Pool
 }
 
@@ -78,7 +80,7 @@ func Open(ctx context.Context, url string, maxConns int) (*Store, error) {
 		return nil, fmt.Errorf("store: %w", err)
 	}
 	scfg := cfg.Copy()
-	scfg.MaxConns, scfg.MinConns = snapshotConns, 0
+	scfg.MaxConns, scfg.MinConns = snapshotConns, snapshotConns
 	snapshots, err := pgxpool.NewWithConfig(ctx, scfg)
 	if err != nil {
 		pool.Close()

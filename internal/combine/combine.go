@@ -45,6 +45,7 @@ type Combiner[Q, R any] struct {
 	mu      sync.Mutex
 	queue   []*combined[Q, R] // guarded by mu
 	running int               // workers running; guarded by mu
+	waited  time.Time         // see Waited; guarded by mu
 }
 
 type combined[Q, R any] struct {
@@ -63,6 +64,8 @@ func (b *Combiner[Q, R]) Do(ctx context.Context, q Q) (R, error) {
 	start := b.running < b.Workers
 	if start {
 		b.running++
+	} else {
+		b.waited = time.Now()
 	}
 	b.mu.Unlock()
 	if start {
@@ -79,6 +82,15 @@ func (b *Combiner[Q, R]) Do(ctx context.Context, q Q) (R, error) {
 		var zero R
 		return zero, ctx.Err() // it is dropped from the queue when its turn comes
 	}
+}
+
+// Waited returns when a request last arrived while every worker was
+// busy, so that it had to wait for a batch (zero if none has): a backlog
+// of requests, as in a reconnect storm.
+func (b *Combiner[Q, R]) Waited() time.Time {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.waited
 }
 
 // work runs batches until the queue is empty.

@@ -21,7 +21,7 @@ import (
 // while the workers are busy go together into the NEXT statement, never
 // into one already running; the weight bounds a batch; a caller that gave
 // up is dropped; a failed batch is retried request by request so one bad
-// request fails only itself.
+// request fails only itself; Waited tells when a request last queued.
 func TestCombiner(t *testing.T) {
 	var mu sync.Mutex
 	var batches [][]int
@@ -60,11 +60,17 @@ func TestCombiner(t *testing.T) {
 	}
 	go do(context.Background(), 1) // runs alone, at once
 	<-started
+	if w := b.Waited(); !w.IsZero() {
+		t.Fatalf("a lone request waited (at %v)", w)
+	}
 	// While it runs, these queue; 13 makes its statement fail, 100 is too
 	// heavy to share one, and the caller of 7 gives up before it runs.
 	gaveUp, cancel := context.WithCancel(context.Background())
 	go do(gaveUp, 7)
 	waitQueued(t, b, 1)
+	if w := b.Waited(); time.Since(w) > time.Minute {
+		t.Fatalf("a request queued behind a busy worker, but Waited is %v", w)
+	}
 	for i, q := range []int{2, 3, 13, 100} {
 		go do(context.Background(), q)
 		waitQueued(t, b, i+2) // in this order
