@@ -151,7 +151,10 @@ func (r *runner) checkConns(conns, ports int) error {
 func (r *runner) dialers() []*net.Dialer {
 	dialers := make([]*net.Dialer, r.cfg.Sources)
 	for i := range dialers {
-		dialers[i] = &net.Dialer{Timeout: 10 * time.Second}
+		// No TCP keep-alive (the protocol's pings find a dead peer): three
+		// system calls fewer per connection, which a storm's 10,000
+		// connections made at once on the tool's one core feel.
+		dialers[i] = &net.Dialer{Timeout: 10 * time.Second, KeepAlive: -1}
 		if r.cfg.Sources > 1 {
 			dialers[i].LocalAddr = &net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(i+1))}
 			dialers[i].Control = bindNoPort

@@ -191,15 +191,30 @@ func runStorm(ctx context.Context, r *runner) error {
 			}
 		}}
 	}
+	// Each device holds its JWT before it connects, as an app holds the
+	// one its login gave it: signing is not part of what is measured.
+	var tokens []string
+	signAll := func() error {
+		if sign == nil {
+			return nil
+		}
+		tokens = make([]string, n)
+		for i := range n {
+			var err error
+			if tokens[i], err = sign(devs[i].User, devs[i].ID); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := signAll(); err != nil {
+		return err
+	}
 	dial := func(ctx context.Context, i int) (*client.Conn, error) {
 		if sign == nil {
 			return client.Dial(ctx, r.cfg.Addr, devs[i].ID, devs[i].Token, opts(i))
 		}
-		token, err := sign(devs[i].User, devs[i].ID)
-		if err != nil {
-			return nil, err
-		}
-		return client.DialJWT(ctx, r.cfg.Addr, token, opts(i))
+		return client.DialJWT(ctx, r.cfg.Addr, tokens[i], opts(i))
 	}
 	conns := make([]*client.Conn, n)
 	closeAll := func() {
@@ -295,6 +310,9 @@ func runStorm(ctx context.Context, r *runner) error {
 	closeAll()
 	if sign != nil {
 		_, devs = jwtDevices(r.cfg.Prefix, n, "b") // the storm: first logins of new devices
+		if err := signAll(); err != nil {
+			return err
+		}
 	}
 	requests := make([][]wire.ConvAfter, n)
 	for i, cs := range convsOf {
