@@ -289,19 +289,7 @@ func (s *Store) lockedRowsGeneric(ctx context.Context, lockSQL string, keys []in
 // sql with args, and COMMIT (if begin was sent). It calls scan for each
 // row sql returns and returns once the transaction committed.
 func (s *Store) batchRows(ctx context.Context, pool *pgxpool.Pool, begin, lockSQL string, keys []int64, sql string, args []any, scan func(pgx.Rows) error) error {
-	b := &pgx.Batch{}
-	if begin != "" {
-		b.Queue(begin)
-		b.Queue(`SET LOCAL plan_cache_mode = force_generic_plan`)
-	}
-	if lockSQL != "" {
-		b.Queue(lockSQL, keys)
-	}
-	before := b.Len() // the statements before sql
-	b.Queue(sql, args...)
-	if begin != "" {
-		b.Queue(`COMMIT`)
-	}
+	b, before := genericBatch(begin, lockSQL, keys, sql, args)
 	br := pool.SendBatch(ctx, b)
 	defer br.Close()
 	for range before {
@@ -331,6 +319,26 @@ func (s *Store) batchRows(ctx context.Context, pool *pgxpool.Pool, begin, lockSQ
 	// The transaction commits at the end of the batch (or at its COMMIT):
 	// only then are the rows durable.
 	return br.Close()
+}
+
+// genericBatch is batchRows' batch: sql, after begin (if any) with the
+// generic plan and lockSQL (if any), then COMMIT (if begun). before is
+// how many statements come before sql.
+func genericBatch(begin, lockSQL string, keys []int64, sql string, args []any) (b *pgx.Batch, before int) {
+	b = &pgx.Batch{}
+	if begin != "" {
+		b.Queue(begin)
+		b.Queue(`SET LOCAL plan_cache_mode = force_generic_plan`)
+	}
+	if lockSQL != "" {
+		b.Queue(lockSQL, keys)
+	}
+	before = b.Len()
+	b.Queue(sql, args...)
+	if begin != "" {
+		b.Queue(`COMMIT`)
+	}
+	return b, before
 }
 
 // resolveMissing explains rows that InsertMessages did not insert.

@@ -270,11 +270,7 @@ func (s *Store) PlanSnapshots(ctx context.Context) error {
 	errs := make(chan error, len(conns))
 	for _, c := range conns {
 		go func() {
-			b := &pgx.Batch{}
-			b.Queue("BEGIN READ ONLY")
-			b.Queue(`SET LOCAL plan_cache_mode = force_generic_plan`)
-			b.Queue(snapshotSQL, []string{}, []string{}, []int64{}, int64(0), int64(0), int64(snapshotCountBelow))
-			b.Queue("COMMIT")
+			b, _ := genericBatch("BEGIN READ ONLY", "", nil, snapshotSQL, snapshotArgs([]string{}, []string{}, []int64{}, 0, 0))
 			errs <- c.SendBatch(ctx, b).Close()
 		}()
 	}
@@ -285,6 +281,11 @@ func (s *Store) PlanSnapshots(ctx context.Context) error {
 	// A connection whose batch failed is left in a failed transaction:
 	// the pool closes it on release.
 	return err
+}
+
+// snapshotArgs are snapshotSQL's arguments.
+func snapshotArgs(users, convs []string, afters []int64, fullMax, tail int) []any {
+	return []any{users, convs, afters, int64(fullMax), int64(tail), int64(snapshotCountBelow)}
 }
 
 // snapshotRows runs snapshotSQL and hands each row to f (hdr.Skipped
@@ -313,7 +314,7 @@ func (s *Store) snapshotRows(ctx context.Context, users, convs []string, afters 
 	)
 	dest := []any{&t, &k, &conv, &key.after, &hdr.Head, &hdr.Read, &hdr.Unread, &hdr.Skipped, &froms, &tos,
 		&e.Seq, &e.Kind, &sender, &e.Cmid, &e.Body, &e.Ts, &e.Recalled, &e.Target, &e.Users, &e.Edited, &attrs}
-	return s.batchRows(ctx, s.snapshots, "BEGIN READ ONLY", "", nil, snapshotSQL, []any{users, convs, afters, int64(fullMax), int64(tail), int64(snapshotCountBelow)}, func(rows pgx.Rows) error {
+	return s.batchRows(ctx, s.snapshots, "BEGIN READ ONLY", "", nil, snapshotSQL, snapshotArgs(users, convs, afters, fullMax, tail), func(rows pgx.Rows) error {
 		t, k, key, hdr, froms, tos, e, attrs = 0, 0, rangeKey{}, SnapshotItem{}, nil, nil, Event{}, nil
 		if err := rows.Scan(dest...); err != nil {
 			return err
