@@ -38,10 +38,13 @@ type walStat struct{ records, fpi, bytes int64 }
 
 // probes are the running probes of a run.
 type probes struct {
-	pg   *pgx.Conn     // the commit probe's connection (nil: none)
-	wal  *pgx.Conn     // pg_stat_wal readings, apart from the probe's own
-	rdb  *redis.Client // the PING probe's client (nil: none)
-	stop chan struct{} // closed by stopLoops
+	pg  *pgx.Conn // the commit probe's connection (nil: none)
+	wal *pgx.Conn // pg_stat_wal readings, apart from the probe's own
+	// The PostgreSQL backends of pg and wal: their CPU is the tool's, not
+	// the server's, so the report shows it apart ("pg-probe").
+	backends []int
+	rdb      *redis.Client // the PING probe's client (nil: none)
+	stop     chan struct{} // closed by stopLoops
 }
 
 // connectProbes connects the configured probes (nil if none): the
@@ -64,6 +67,11 @@ func connectProbes(ctx context.Context, cfg Config) (*probes, error) {
 			TRUNCATE `+probeTable); err != nil {
 			p.close()
 			return nil, fmt.Errorf("probe: creating %s: %w", probeTable, err)
+		}
+		for _, c := range []*pgx.Conn{p.pg, p.wal} {
+			if pid := c.PgConn().PID(); pid > 0 {
+				p.backends = append(p.backends, int(pid))
+			}
 		}
 	}
 	if cfg.ProbeRedis != "" {

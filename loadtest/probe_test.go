@@ -2,10 +2,14 @@ package loadtest
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/parley-im/parley/test/parleytest"
 )
@@ -17,8 +21,29 @@ func TestProbes(t *testing.T) {
 	cfg := parleytest.Config(t)
 	cfg.SendRate = 0
 	env := parleytest.Start(t, cfg)
+	// The postmaster: the parent of a backend.
+	c, err := pgx.Connect(context.Background(), cfg.PostgresURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	backend := int(c.PgConn().PID())
+	postmaster, _, err := procStat(backend)
+	c.Close(context.Background())
+	if err != nil {
+		t.Skipf("no process accounting here: %v", err)
+	}
 	rep := runScenario(t, env, Config{Scenario: "direct", Rate: 500, Duration: 2 * time.Second, Pairs: 10,
-		ProbePostgres: cfg.PostgresURL, ProbeRedis: cfg.RedisURL, ProbeRate: 100})
+		ProbePostgres: cfg.PostgresURL, ProbeRedis: cfg.RedisURL, ProbeRate: 100,
+		CPUPIDs: map[string]int{"postgres": postmaster}})
+	// The commit probe's backends are shown apart from the server's
+	// PostgreSQL.
+	var names []string
+	for _, u := range rep.CPU {
+		names = append(names, u.Name)
+	}
+	if !slices.Contains(names, "postgres") || !slices.Contains(names, probeCPUName) {
+		t.Errorf("CPU entries %v: want postgres and %s", names, probeCPUName)
+	}
 	for _, name := range []string{"pg_commit", "redis_ping"} {
 		s, ok := rep.Latency[name]
 		// About 200 probes in the window; allow for a slow machine.
