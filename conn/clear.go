@@ -17,5 +17,5 @@ func (g *Gateway) clear(ctx context.Context, s *Session, req *wire.Request) {
 		return
 	}
 	g.readAdvanced(s, req.Conv, r.Read, r.Unread)
-	g.readMoved(s.user, req.Conv, r.Read)
+	g.readMoved(s.user, req.Conv, r.Read, r.ReceiptsPrivate)
 }

@@ -95,7 +95,7 @@ type Gateway struct {
 	onlines       combine.Combiner[fanout.OnlineDevice, struct{}]        // auth: join the big conversations' online index
 	registers     combine.Combiner[route.Registration, route.Registered] // auth: enter the route table
 	disconnects   combine.Combiner[route.Disconnected, struct{}]         // close: leave the route table and the online index
-	receiptChecks combine.Combiner[receiptReq, receiptVerdict]           // receipts: read positions, the gate, privacy
+	receiptChecks combine.Combiner[receiptReq, receiptVerdict]           // receipts: the gate
 
 	members         memberLists     // current members, for typing and receipts
 	pendingReceipts pendingReceipts // receipts waiting for their window

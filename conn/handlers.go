@@ -397,7 +397,7 @@ func (g *Gateway) read(s *Session, req *wire.Request, start time.Time) {
 			return
 		}
 		g.readAdvanced(s, conv, r.Read, r.Unread)
-		g.readMoved(s.user, conv, r.Read)
+		g.readMoved(s.user, conv, r.Read, r.ReceiptsPrivate)
 	})
 }
 

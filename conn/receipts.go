@@ -19,9 +19,9 @@ const receiptWindow = time.Second
 // ReceiptGate coalesces receipt pushes per (conversation, user) over every
 // gateway sharing one Redis (scripts/receipt_gate.lua): at most one per
 // window, never one that does not advance past the last one sent; a read
-// that arrives while the window is open is sent when it closes (the
-// newest read position then, read from PostgreSQL, so the gateways
-// waiting for the same window send it once).
+// that arrives while the window is open is kept in Redis as the newest
+// pending one and sent when the window closes (by whichever gateway asks
+// first then: the others find it sent).
 type ReceiptGate struct {
 	rdb    redis.UniversalClient
 	prefix string
@@ -34,14 +34,15 @@ func NewReceiptGate(rdb redis.UniversalClient, prefix string) *ReceiptGate {
 
 // tryMany asks the gate about each receipt, in one pipeline (in order:
 // of two reads of one (conv, user) in it, the first opens the window and
-// the second waits): send it now, wait and ask again, or neither (a
+// the second waits): send now (the newest read the gate holds, which may
+// be above the one asked about), wait and ask again, or neither (a
 // receipt at or above it was sent).
 func (r *ReceiptGate) tryMany(ctx context.Context, qs []receiptReq) ([]receiptVerdict, error) {
 	cmds := make([]*redis.Cmd, len(qs))
 	_, err := scripts.RunPipelined(ctx, r.rdb, func(p redis.Pipeliner) {
 		for i, q := range qs {
 			base := r.prefix + "rcpt:{" + q.k.conv + "}:" + q.k.user
-			cmds[i] = scripts.ReceiptGate.EvalSha(ctx, p, []string{base, base + ":last"}, q.read, receiptWindow.Milliseconds(), 86400)
+			cmds[i] = scripts.ReceiptGate.EvalSha(ctx, p, []string{base, base + ":last", base + ":pending"}, q.read, receiptWindow.Milliseconds(), 86400)
 		}
 	})
 	if err != nil {
@@ -53,9 +54,11 @@ func (r *ReceiptGate) tryMany(ctx context.Context, qs []receiptReq) ([]receiptVe
 		if err != nil {
 			return nil, err
 		}
-		out[i] = receiptVerdict{read: qs[i].read, send: v > 0}
-		if v < 0 {
-			out[i].wait = time.Duration(-v) * time.Millisecond
+		switch {
+		case v > 0:
+			out[i] = receiptVerdict{read: v, send: true}
+		case v < 0:
+			out[i] = receiptVerdict{read: qs[i].read, wait: time.Duration(-v) * time.Millisecond}
 		}
 	}
 	return out, nil
@@ -92,38 +95,33 @@ func (g *Gateway) settings(ctx context.Context, s *Session, req *wire.Request) {
 
 // readMoved pushes a receipt of user's new read position in conv to the
 // other current members' online devices, in push-tier conversations, unless
-// the user's receipts are private; coalesced by the ReceiptGate. Best
-// effort (receipts answers with the durable values); off the caller's
-// goroutine.
-func (g *Gateway) readMoved(user, conv string, read int64) {
-	if g.deps.Receipts == nil {
+// the user's receipts are private (as of the transaction that moved it);
+// coalesced by the ReceiptGate. Best effort (receipts answers with the
+// durable values); off the caller's goroutine.
+func (g *Gateway) readMoved(user, conv string, read int64, private bool) {
+	if g.deps.Receipts == nil || private {
 		return
 	}
-	g.goroutine(func() { g.sendReceipt(convUser{conv, user}, read, false) })
+	g.goroutine(func() { g.sendReceipt(convUser{conv, user}, read) })
 }
 
-// receiptReq is one read position to send as a receipt; fresh: it waited
-// for its window, and the durable read position is sent if it is newer
-// (so the gateways whose timers fire for the same window send the newest
-// once).
+// receiptReq is one read position to send as a receipt.
 type receiptReq struct {
-	k     convUser
-	read  int64
-	fresh bool
+	k    convUser
+	read int64
 }
 
 // receiptVerdict is what became of a receiptReq: send read now (send),
-// ask again after wait, or neither (stale, or the user's receipts are
-// private).
+// ask again after wait, or neither (a receipt at or above it was sent).
 type receiptVerdict struct {
 	read int64
 	wait time.Duration
 	send bool
 }
 
-// sendReceipt sends read (or, if fresh, the durable read position if it
-// is newer) through the gate to the conversation's other members.
-func (g *Gateway) sendReceipt(k convUser, read int64, fresh bool) {
+// sendReceipt sends read (or the newer one the gate holds) through the
+// gate to the conversation's other members.
+func (g *Gateway) sendReceipt(k convUser, read int64) {
 	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.RequestTimeout)
 	defer cancel()
 	members, err := g.members.get(ctx, k.conv, time.Now())
@@ -134,7 +132,7 @@ func (g *Gateway) sendReceipt(k convUser, read int64, fresh bool) {
 	if fanout.TierOf(int64(len(members)), g.cfg.WriteFanoutMax, g.cfg.OnlineFanoutMax) != fanout.TierPush {
 		return
 	}
-	v, err := g.receiptChecks.Do(ctx, receiptReq{k: k, read: read, fresh: fresh})
+	v, err := g.receiptChecks.Do(ctx, receiptReq{k: k, read: read})
 	switch {
 	case err != nil:
 		g.log.Debug("receipt", "err", err)
@@ -157,50 +155,11 @@ func (g *Gateway) sendReceipt(k convUser, read int64, fresh bool) {
 }
 
 // checkReceipts is the combined check of many receipts (one per read
-// that moved, a few thousand a second in a busy gateway): the durable
-// read positions of the fresh ones in one statement, the gate in one
-// pipeline, and the privacy of the users whose receipts go out now in
-// one statement.
+// that moved, a few thousand a second in a busy gateway): the gate in one
+// pipeline. Nothing is asked of PostgreSQL: the reader's privacy came
+// with the read's merge, and the newest read of a window is the gate's.
 func (g *Gateway) checkReceipts(ctx context.Context, qs []receiptReq) ([]receiptVerdict, error) {
-	var users, convs []string
-	var fresh []int
-	for i, q := range qs {
-		if q.fresh {
-			users, convs, fresh = append(users, q.k.user), append(convs, q.k.conv), append(fresh, i)
-		}
-	}
-	if len(fresh) > 0 {
-		reads, err := g.deps.Store.ReadPositions(ctx, users, convs)
-		if err != nil {
-			return nil, err
-		}
-		for j, i := range fresh {
-			qs[i].read = max(qs[i].read, reads[j])
-		}
-	}
-	out, err := g.deps.Receipts.tryMany(ctx, qs)
-	if err != nil {
-		return nil, err
-	}
-	var senders []string
-	for i, v := range out {
-		if v.send {
-			senders = append(senders, qs[i].k.user)
-		}
-	}
-	if len(senders) == 0 {
-		return out, nil
-	}
-	private, err := g.deps.Store.PrivateReceipts(ctx, senders)
-	if err != nil {
-		return nil, err
-	}
-	for i, q := range qs {
-		if private[q.k.user] {
-			out[i].send = false
-		}
-	}
-	return out, nil
+	return g.deps.Receipts.tryMany(ctx, qs)
 }
 
 // laterReceipt keeps read for k and tries again once the window closed
@@ -227,6 +186,6 @@ func (g *Gateway) laterReceipt(k convUser, read int64, wait time.Duration) {
 			return
 		default:
 		}
-		g.goroutine(func() { g.sendReceipt(k, r, true) })
+		g.goroutine(func() { g.sendReceipt(k, r) })
 	})
 }

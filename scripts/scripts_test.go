@@ -196,3 +196,50 @@ func TestRunManyCluster(t *testing.T) {
 	rc := testenv.StartRedisCluster(t)
 	runManyCases(t, rc.Client(), "rm:")
 }
+
+// TestReceiptGate: the first read of a window is sent at once; reads
+// asked about while it is open wait, the newest kept as pending; once it
+// closed, whoever asks first sends the newest (even asking about an older
+// one), and the others find it sent. A read not above the last one sent
+// is never sent.
+func TestReceiptGate(t *testing.T) {
+	rs := testenv.StartRedis(t)
+	rdb := redis.NewClient(&redis.Options{Addr: rs.Addr()})
+	defer rdb.Close()
+	ctx := context.Background()
+	const window = 300 // ms
+	keys := []string{"rcpt:{g}:ben", "rcpt:{g}:ben:last", "rcpt:{g}:ben:pending"}
+	ask := func(read int64) int64 {
+		t.Helper()
+		v, err := scripts.ReceiptGate.Run(ctx, rdb, keys, read, window, 60).Int64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	if v := ask(5); v != 5 {
+		t.Fatalf("first read of a window: %d, want 5 (send)", v)
+	}
+	if v := ask(4); v != 0 {
+		t.Fatalf("a read below the one sent: %d, want 0", v)
+	}
+	if v := ask(7); v >= 0 || v < -window {
+		t.Fatalf("a read while the window is open: %d, want to wait", v)
+	}
+	if v := ask(6); v >= 0 {
+		t.Fatalf("an older read while the window is open: %d, want to wait", v)
+	}
+	time.Sleep(window*time.Millisecond + 50*time.Millisecond)
+	if v := ask(6); v != 7 {
+		t.Fatalf("asking about 6 after the window: %d, want the pending 7 sent", v)
+	}
+	if v := ask(7); v != 0 {
+		t.Fatalf("asking about 7 once 7 was sent: %d, want 0", v)
+	}
+	if n, err := rdb.Exists(ctx, keys[2]).Result(); err != nil || n != 0 {
+		t.Fatalf("pending kept after it was sent: %d %v", n, err)
+	}
+	if last, err := rdb.Get(ctx, keys[1]).Int64(); err != nil || last != 7 {
+		t.Fatalf("last sent %d %v, want 7", last, err)
+	}
+}

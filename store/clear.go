@@ -14,6 +14,9 @@ type ClearResult struct {
 	// ReadAdvanced: the read position moved (the user's other devices are
 	// told, as for a read report).
 	ReadAdvanced bool
+	// ReceiptsPrivate: the user hides its read positions (as
+	// ReadResult's).
+	ReceiptsPrivate bool
 }
 
 // clearSQL max-merges user $1's cleared position in conv $2 to $3 capped
@@ -45,7 +48,8 @@ WITH facts AS MATERIALIZED (
     INSERT INTO read_positions (user_id, conv_id, read_seq, cleared_seq)
     SELECT $1, $2, w.read, w.cleared FROM want w WHERE w.prev_read IS NULL
 )
-SELECT f.head, w.cleared, w.read, w.read > coalesce(w.prev_read, 0), u.unread
+SELECT f.head, w.cleared, w.read, w.read > coalesce(w.prev_read, 0), u.unread,
+       coalesce((SELECT p.receipts_private FROM users p WHERE p.user_id = $1), false)
   FROM facts f
   LEFT JOIN want w ON true
   LEFT JOIN LATERAL parley_unread_of($2, $1, w.read) u ON w.read IS NOT NULL`
@@ -63,7 +67,8 @@ func (s *Store) Clear(ctx context.Context, user, conv string, seq int64) (ClearR
 			var head int64
 			var cleared, read, unread *int64
 			var advanced *bool
-			if err := rows.Scan(&head, &cleared, &read, &advanced, &unread); err != nil {
+			var private bool
+			if err := rows.Scan(&head, &cleared, &read, &advanced, &unread, &private); err != nil {
 				return err
 			}
 			found = true
@@ -71,7 +76,7 @@ func (s *Store) Clear(ctx context.Context, user, conv string, seq int64) (ClearR
 				ahead = true
 				return nil
 			}
-			r = ClearResult{Cleared: *cleared, Read: *read, Unread: *unread, ReadAdvanced: *advanced}
+			r = ClearResult{Cleared: *cleared, Read: *read, Unread: *unread, ReadAdvanced: *advanced, ReceiptsPrivate: private}
 			return nil
 		})
 	switch {

@@ -163,24 +163,35 @@ func TestHeads(t *testing.T) {
 	}
 }
 
-// ReadPositions answers each (user, conversation) in order, 0 where
-// nothing was read; PrivateReceipts names only the users who hide their
-// read positions (unknown users are not private).
-func TestReadPositionsAndPrivateReceipts(t *testing.T) {
+// A read merge and a clear say whether the reader hides its read
+// positions (receipts_private), as of their own transaction, so a read
+// receipt needs nothing more from PostgreSQL.
+func TestReadMergeCarriesReceiptsPrivate(t *testing.T) {
 	env, st, ctx := startStore(t)
 	env.Group(t, "g", "ana", "ben") // seq 1
 	if _, err := st.SetReceiptsPrivate(ctx, "ben", true); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.Clear(ctx, "ana", "g", 1); err != nil { // raises ana's read to 1
+	rs, err := st.MarkReads(ctx, []store.ReadUpdate{{User: "ana", Conv: "g", Seq: 1}, {User: "ben", Conv: "g", Seq: 1}})
+	if err != nil || rs[0].Err != nil || rs[1].Err != nil {
+		t.Fatalf("MarkReads: %+v %v", rs, err)
+	}
+	if !rs[0].Advanced || rs[0].ReceiptsPrivate || !rs[1].Advanced || !rs[1].ReceiptsPrivate {
+		t.Fatalf("reads %+v: want both advanced, ben's private only", rs)
+	}
+	if _, err := st.SetReceiptsPrivate(ctx, "ben", false); err != nil {
 		t.Fatal(err)
 	}
-	reads, err := st.ReadPositions(ctx, []string{"ben", "ana", "cy", "ana"}, []string{"g", "g", "g", "nope"})
-	if err != nil || !slices.Equal(reads, []int64{0, 1, 0, 0}) {
-		t.Fatalf("read positions %v, %v; want [0 1 0 0]", reads, err)
+	env.Group(t, "h", "ana", "ben") // seq 1, read by nobody yet
+	c, err := st.Clear(ctx, "ben", "h", 1)
+	if err != nil || !c.ReadAdvanced || c.ReceiptsPrivate {
+		t.Fatalf("clear by ben, public again: %+v %v", c, err)
 	}
-	private, err := st.PrivateReceipts(ctx, []string{"ana", "ben", "ben", "nobody"})
-	if err != nil || len(private) != 1 || !private["ben"] {
-		t.Fatalf("private %v, %v; want ben only", private, err)
+	if _, err := st.SetReceiptsPrivate(ctx, "ana", true); err != nil {
+		t.Fatal(err)
+	}
+	c, err = st.Clear(ctx, "ana", "h", 1)
+	if err != nil || !c.ReadAdvanced || !c.ReceiptsPrivate {
+		t.Fatalf("clear by ana, private: %+v %v", c, err)
 	}
 }

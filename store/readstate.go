@@ -27,7 +27,10 @@ type ReadResult struct {
 	Read     int64
 	Unread   int64
 	Advanced bool // the position moved (other devices are told)
-	Err      error
+	// ReceiptsPrivate: the user hides its read positions (no receipt is
+	// pushed for this one), as of the merge's transaction.
+	ReceiptsPrivate bool
+	Err             error
 }
 
 // markReadsSQL merges a batch of read reports (one per (user, conv)) in one
@@ -62,7 +65,8 @@ WITH input AS (
     INSERT INTO read_positions (user_id, conv_id, read_seq)
     SELECT usr, conv, target FROM want WHERE prev IS NULL
 )
-SELECT f.idx, f.n, f.head, w.merged, f.prev, coalesce(u.unread, 0)
+SELECT f.idx, f.n, f.head, w.merged, f.prev, coalesce(u.unread, 0),
+       coalesce((SELECT p.receipts_private FROM users p WHERE p.user_id = f.usr), false)
   FROM facts f
   LEFT JOIN (SELECT usr, conv, greatest(coalesce(prev, target), target) AS merged FROM want) w ON w.usr = f.usr AND w.conv = f.conv
   LEFT JOIN LATERAL parley_unread_at(f.conv, f.usr, w.merged, f.key, f.head, f.w) u ON w.merged IS NOT NULL`
@@ -122,7 +126,8 @@ func (s *Store) markReads(ctx context.Context, users, convs []string, seqs []int
 		func(rows pgx.Rows) error {
 			var idx, n, head, unread int64
 			var read, prev *int64
-			if err := rows.Scan(&idx, &n, &head, &read, &prev, &unread); err != nil {
+			var private bool
+			if err := rows.Scan(&idx, &n, &head, &read, &prev, &unread, &private); err != nil {
 				return err
 			}
 			r := &out[idx-1]
@@ -132,7 +137,7 @@ func (s *Store) markReads(ctx context.Context, users, convs []string, seqs []int
 			case read == nil:
 				*r = ReadResult{Err: ErrCursorAhead}
 			default:
-				*r = ReadResult{Read: *read, Unread: unread, Advanced: *read > 0 && (prev == nil || *read > *prev)}
+				*r = ReadResult{Read: *read, Unread: unread, Advanced: *read > 0 && (prev == nil || *read > *prev), ReceiptsPrivate: private}
 			}
 			return nil
 		})

@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -63,40 +62,4 @@ func (s *Store) SetReceiptsPrivate(ctx context.Context, user string, private boo
 		return false, ErrNotFound
 	}
 	return private, err
-}
-
-// PrivateReceipts returns which of users hide their read positions
-// (receipts_private), in one statement.
-func (s *Store) PrivateReceipts(ctx context.Context, users []string) (map[string]bool, error) {
-	rows, err := s.pool.Query(ctx, `SELECT u.user_id FROM unnest($1::text[]) k(usr)
-		JOIN LATERAL (SELECT user_id FROM users WHERE user_id = k.usr AND receipts_private) u ON true`, users)
-	if err != nil {
-		return nil, err
-	}
-	private := map[string]bool{}
-	var u string
-	_, err = pgx.ForEachRow(rows, []any{&u}, func() error {
-		private[u] = true
-		return nil
-	})
-	return private, err
-}
-
-// ReadPositions returns the read position of each (users[i], convs[i])
-// (0 if none), in order, in one statement.
-func (s *Store) ReadPositions(ctx context.Context, users, convs []string) ([]int64, error) {
-	// An index lookup per pair, on the generic plan: planned anew, the
-	// statement took as long to plan as to run.
-	var reads []int64
-	err := s.genericRows(ctx, `SELECT coalesce((SELECT r.read_seq FROM read_positions r WHERE r.user_id = k.usr AND r.conv_id = k.conv), 0)
-		FROM unnest($1::text[], $2::text[]) WITH ORDINALITY k(usr, conv, i) ORDER BY k.i`, []any{users, convs}, func(rows pgx.Rows) error {
-		var r int64
-		err := rows.Scan(&r)
-		reads = append(reads, r)
-		return err
-	})
-	if err == nil && len(reads) != len(users) {
-		err = fmt.Errorf("store: %d read positions for %d pairs", len(reads), len(users))
-	}
-	return reads, err
 }
