@@ -53,7 +53,7 @@ WITH input AS (
            p.n, p.last_to,
            (SELECT r.read_seq FROM read_positions r WHERE r.user_id = i.usr AND r.conv_id = i.conv) AS prev
       FROM input i
-      LEFT JOIN conversations c ON c.conv_id = i.conv
+      LEFT JOIN LATERAL (SELECT c.conv_key, c.dense_seq FROM conversations c WHERE c.conv_id = i.conv LIMIT 1) c ON true
       CROSS JOIN LATERAL (SELECT count(*) AS n, coalesce(max(coalesce(m.to_seq, $4)), 0) AS last_to
                             FROM membership_periods m WHERE m.conv_id = i.conv AND m.user_id = i.usr) p
 ), want AS MATERIALIZED (
