@@ -95,7 +95,8 @@ type Config struct {
 	// gateway's, for typing and receipts) is dropped.
 	Joined func(ctx context.Context, convs []string) error
 	// MemberTTL is how old, at most, the answer of the membership check
-	// before a send's seq is allocated may be (memberCache); 0 means 5s.
+	// before a send's seq is allocated may be (memberCache); 0 means
+	// defaultMemberTTL.
 	MemberTTL time.Duration
 	// MemberLookups, if set, count that check's PostgreSQL lookups.
 	MemberLookups MemberLookups
@@ -157,7 +158,7 @@ type pendingSend struct {
 func New(st *store.Store, seqs *seq.Allocator, cfg Config, log *slog.Logger, onCommit func([]Committed)) *Log {
 	ttl := cfg.MemberTTL
 	if ttl <= 0 {
-		ttl = 5 * time.Second
+		ttl = defaultMemberTTL
 	}
 	l := &Log{st: st, seqs: seqs, cfg: cfg, log: log, onCommit: onCommit, now: time.Now,
 		members: newMemberCache(st, ttl, cfg.MemberLookups, log)}
