@@ -43,7 +43,11 @@ type ReadResult struct {
 // row only to lock it, and rewrote positions that did not move.
 // parley_unread_at sees the statement's snapshot, which does not include
 // the writes, so it is given the merged value explicitly (and the
-// conversation's key, head and dense_seq read in facts).
+// conversation's key, head and dense_seq read in facts). Each report's
+// conversation is looked up by its index (LATERAL … LIMIT 1): written as
+// a join, the generic plan hashed a sequential scan of conversations
+// for every batch. The reader's receipts_private comes back with the
+// merge, so a receipt needs nothing more from PostgreSQL.
 const markReadsSQL = `
 WITH input AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY AS i(usr, conv, seq, idx)
