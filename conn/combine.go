@@ -135,7 +135,12 @@ func (g *Gateway) initCombiners() {
 	// members (push tier): a few thousand a second in a busy gateway.
 	g.receiptChecks = combine.Combiner[receiptReq, receiptVerdict]{
 		Workers: combineWorkers, Max: receiptBatch, Timeout: g.cfg.RequestTimeout, Log: g.log, Go: g.goroutine,
-		Run:   g.checkReceipts,
+		// The gate in one pipeline, nothing in PostgreSQL: the reader's
+		// privacy came with the read's merge, and the newest read of a
+		// window is the gate's.
+		Run: func(ctx context.Context, qs []receiptReq) ([]receiptVerdict, error) {
+			return g.deps.Receipts.tryMany(ctx, qs)
+		},
 		Sizes: g.metrics.combined.WithLabelValues("receipt"),
 	}
 }

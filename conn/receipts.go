@@ -56,9 +56,9 @@ func (r *ReceiptGate) tryMany(ctx context.Context, qs []receiptReq) ([]receiptVe
 		}
 		switch {
 		case v > 0:
-			out[i] = receiptVerdict{read: v, send: true}
+			out[i].send = v
 		case v < 0:
-			out[i] = receiptVerdict{read: qs[i].read, wait: time.Duration(-v) * time.Millisecond}
+			out[i].wait = time.Duration(-v) * time.Millisecond
 		}
 	}
 	return out, nil
@@ -111,12 +111,12 @@ type receiptReq struct {
 	read int64
 }
 
-// receiptVerdict is what became of a receiptReq: send read now (send),
-// ask again after wait, or neither (a receipt at or above it was sent).
+// receiptVerdict is what became of a receiptReq: send this read position
+// now (send > 0: the asked one or a newer one the gate held), ask again
+// after wait, or neither (a receipt at or above it was sent).
 type receiptVerdict struct {
-	read int64
+	send int64
 	wait time.Duration
-	send bool
 }
 
 // sendReceipt sends read (or the newer one the gate holds) through the
@@ -138,12 +138,12 @@ func (g *Gateway) sendReceipt(k convUser, read int64) {
 		g.log.Debug("receipt", "err", err)
 		return
 	case v.wait > 0:
-		g.laterReceipt(k, v.read, v.wait)
+		g.laterReceipt(k, read, v.wait)
 		return
-	case !v.send:
+	case v.send == 0:
 		return
 	}
-	frame, err := wire.AppendFrame(nil, wire.Receipt{T: wire.TReceipt, Conv: k.conv, User: k.user, Read: v.read})
+	frame, err := wire.AppendFrame(nil, wire.Receipt{T: wire.TReceipt, Conv: k.conv, User: k.user, Read: v.send})
 	if err != nil {
 		return
 	}
@@ -152,14 +152,6 @@ func (g *Gateway) sendReceipt(k convUser, read int64) {
 		return
 	}
 	g.metrics.receipts.Inc()
-}
-
-// checkReceipts is the combined check of many receipts (one per read
-// that moved, a few thousand a second in a busy gateway): the gate in one
-// pipeline. Nothing is asked of PostgreSQL: the reader's privacy came
-// with the read's merge, and the newest read of a window is the gate's.
-func (g *Gateway) checkReceipts(ctx context.Context, qs []receiptReq) ([]receiptVerdict, error) {
-	return g.deps.Receipts.tryMany(ctx, qs)
 }
 
 // laterReceipt keeps read for k and tries again once the window closed

@@ -28,7 +28,8 @@ type ReadResult struct {
 	Unread   int64
 	Advanced bool // the position moved (other devices are told)
 	// ReceiptsPrivate: the user hides its read positions (no receipt is
-	// pushed for this one), as of the merge's transaction.
+	// pushed for this one), as of the merge's transaction; read only when
+	// the position moved (Advanced), false otherwise.
 	ReceiptsPrivate bool
 	Err             error
 }
@@ -70,7 +71,9 @@ WITH input AS (
     SELECT usr, conv, target FROM want WHERE prev IS NULL
 )
 SELECT f.idx, f.n, f.head, w.merged, f.prev, coalesce(u.unread, 0),
-       coalesce((SELECT p.receipts_private FROM users p WHERE p.user_id = f.usr), false)
+       -- only for a position that moved (a receipt is sent for nothing else)
+       coalesce(CASE WHEN w.merged > coalesce(f.prev, 0)
+                     THEN (SELECT p.receipts_private FROM users p WHERE p.user_id = f.usr) END, false)
   FROM facts f
   LEFT JOIN (SELECT usr, conv, greatest(coalesce(prev, target), target) AS merged FROM want) w ON w.usr = f.usr AND w.conv = f.conv
   LEFT JOIN LATERAL parley_unread_at(f.conv, f.usr, w.merged, f.key, f.head, f.w) u ON w.merged IS NOT NULL`
