@@ -47,7 +47,7 @@ func pgConn(t *testing.T, ctx context.Context, env *parleytest.Env) *pgx.Conn {
 // with a stored one, runs the batch again tolerating conflicts. Either way
 // every row gets its own answer: here one batch holds new rows, a resend
 // of a stored cmid, the same cmid twice, a seq already taken and a sender
-// who is not a member.
+// who is not a member. The failed first try costs no connection.
 func TestInsertMessagesConflictsInOneBatch(t *testing.T) {
 	env, st, ctx := startStore(t)
 	env.Group(t, "g", "ana", "ben") // seq 1
@@ -64,6 +64,9 @@ func TestInsertMessagesConflictsInOneBatch(t *testing.T) {
 			t.Fatalf("clean batch, row %d: %+v", i, r)
 		}
 	}
+	// The plain insert of the next batch fails by design; its connection
+	// goes back to the pool rolled back, not closed and replaced.
+	conns := st.Stat().NewConnsCount()
 	res, err = st.InsertMessages(ctx, []store.NewMessage{
 		msg("ana", "c", 4),  // new
 		msg("ana", "a", 5),  // resend of seq 2
@@ -86,6 +89,9 @@ func TestInsertMessagesConflictsInOneBatch(t *testing.T) {
 		if r.Seq != w.seq || r.Dup != w.dup || !errors.Is(r.Err, w.err) {
 			t.Errorf("row %d: %+v; want seq %d dup %v err %v", i, r, w.seq, w.dup, w.err)
 		}
+	}
+	if n := st.Stat().NewConnsCount(); n != conns {
+		t.Errorf("the conflicting batch opened %d new connections", n-conns)
 	}
 }
 
