@@ -22,8 +22,7 @@ const (
 	// disconnectBatch is the most closed connections one pair of Redis
 	// pipelines removes.
 	disconnectBatch = 1000
-	// receiptBatch is the most receipts one gate pipeline and privacy
-	// statement cover.
+	// receiptBatch is the most receipts one gate pipeline covers.
 	receiptBatch = 1000
 	// combineWorkers is how many statements of each kind may run at once.
 	combineWorkers = 4
@@ -130,17 +129,5 @@ func (g *Gateway) initCombiners() {
 			return make([]struct{}, len(cs)), g.deps.Routes.Disconnect(ctx, cs)
 		},
 		Sizes: g.metrics.combined.WithLabelValues("disconnect"),
-	}
-	// Each read that moves sends a receipt to the conversation's other
-	// members (push tier): a few thousand a second in a busy gateway.
-	g.receiptChecks = combine.Combiner[receiptReq, receiptVerdict]{
-		Workers: combineWorkers, Max: receiptBatch, Timeout: g.cfg.RequestTimeout, Log: g.log, Go: g.goroutine,
-		// The gate in one pipeline, nothing in PostgreSQL: the reader's
-		// privacy came with the read's merge, and the newest read of a
-		// window is the gate's.
-		Run: func(ctx context.Context, qs []receiptReq) ([]receiptVerdict, error) {
-			return g.deps.Receipts.tryMany(ctx, qs)
-		},
-		Sizes: g.metrics.combined.WithLabelValues("receipt"),
 	}
 }

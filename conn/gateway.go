@@ -89,15 +89,15 @@ type Gateway struct {
 	addrs        *addrLimits // static: addr_max_conns, addr_auth_rate
 	notices      notices     // recent revocations and suspensions (lifecycle.go)
 	// Reads of many connections answered together (combine.go).
-	snapshots     combine.Combiner[store.SnapshotQuery, []store.SnapshotItem]
-	lookups       combine.Combiner[string, deviceLookup]                 // auth: device id -> row
-	provisions    combine.Combiner[store.NewLogin, deviceLookup]         // JWT auth: create the user and device if new
-	onlines       combine.Combiner[fanout.OnlineDevice, struct{}]        // auth: join the big conversations' online index
-	registers     combine.Combiner[route.Registration, route.Registered] // auth: enter the route table
-	disconnects   combine.Combiner[route.Disconnected, struct{}]         // close: leave the route table and the online index
-	receiptChecks combine.Combiner[receiptReq, receiptVerdict]           // receipts: the gate
+	snapshots   combine.Combiner[store.SnapshotQuery, []store.SnapshotItem]
+	lookups     combine.Combiner[string, deviceLookup]                 // auth: device id -> row
+	provisions  combine.Combiner[store.NewLogin, deviceLookup]         // JWT auth: create the user and device if new
+	onlines     combine.Combiner[fanout.OnlineDevice, struct{}]        // auth: join the big conversations' online index
+	registers   combine.Combiner[route.Registration, route.Registered] // auth: enter the route table
+	disconnects combine.Combiner[route.Disconnected, struct{}]         // close: leave the route table and the online index
 
 	members         memberLists     // current members, for typing and receipts
+	receiptQueue    receiptQueue    // reads that moved, waiting to go through the gate together
 	pendingReceipts pendingReceipts // receipts waiting for their window
 
 	coalesce      coalescer // sessions with coalesced pushes to flush

@@ -86,6 +86,37 @@ func (l *memberLists) get(ctx context.Context, conv string, now time.Time) ([]st
 	return l.loads.Do(ctx, conv)
 }
 
+// getMany returns the current members of each of convs that could be
+// read (nil for a conversation that does not exist), waiting for those
+// not cached: their reads run at once and are combined into a statement
+// or a few. The goroutines it starts end with it.
+func (l *memberLists) getMany(ctx context.Context, convs []string, now time.Time) map[string][]string {
+	out := make(map[string][]string, len(convs))
+	var missing []string
+	for _, c := range convs {
+		if users, ok := l.cached(c, now); ok {
+			out[c] = users
+		} else {
+			missing = append(missing, c)
+		}
+	}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, c := range missing {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if users, err := l.loads.Do(ctx, c); err == nil {
+				mu.Lock()
+				out[c] = users
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
 // read is the combined read: the lists of convs in one statement, kept
 // in the cache unless forgotten meanwhile.
 func (l *memberLists) read(ctx context.Context, st *store.Store, convs []string) ([][]string, error) {

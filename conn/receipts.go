@@ -2,6 +2,7 @@ package conn
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -102,7 +103,108 @@ func (g *Gateway) readMoved(user, conv string, read int64, private bool) {
 	if g.deps.Receipts == nil || private {
 		return
 	}
-	g.goroutine(func() { g.sendReceipt(convUser{conv, user}, read) })
+	g.queueReceipt(convUser{conv, user}, read)
+}
+
+// receiptLinger: how long a read that moved waits for others to go
+// through the gate with it. Every read waiting then costs one pipeline
+// and one goroutine in all, instead of one each (in the realistic mix,
+// about 1,300 reads a second asked the gate in batches of 1.9). A
+// receipt frame waits in its devices' outboxes for relay_coalesce anyway.
+const receiptLinger = 20 * time.Millisecond
+
+// receiptQueue holds the reads that moved until their linger ends (the
+// newest per (conv, user)).
+type receiptQueue struct {
+	mu    sync.Mutex
+	m     map[convUser]int64 // guarded by mu
+	armed bool               // guarded by mu: a flush is scheduled
+}
+
+// queueReceipt queues read of k for the next flush through the gate,
+// scheduling one if none is.
+func (g *Gateway) queueReceipt(k convUser, read int64) {
+	q := &g.receiptQueue
+	q.mu.Lock()
+	if q.m == nil {
+		q.m = map[convUser]int64{}
+	}
+	q.m[k] = max(q.m[k], read)
+	arm := !q.armed
+	q.armed = true
+	q.mu.Unlock()
+	if arm {
+		time.AfterFunc(receiptLinger, func() {
+			select {
+			case <-g.stopping:
+				return
+			default:
+			}
+			g.goroutine(g.flushReceipts)
+		})
+	}
+}
+
+// flushReceipts sends the queued reads through the gate, in pipelines of
+// up to receiptBatch, and pushes the receipts it lets through; reads whose
+// window is open wait for it (laterReceipt).
+func (g *Gateway) flushReceipts() {
+	q := &g.receiptQueue
+	q.mu.Lock()
+	m := q.m
+	q.m, q.armed = nil, false
+	q.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.RequestTimeout)
+	defer cancel()
+	convs := make([]string, 0, len(m))
+	for k := range m {
+		convs = append(convs, k.conv)
+	}
+	slices.Sort(convs)
+	members := g.members.getMany(ctx, slices.Compact(convs), time.Now())
+	reqs := make([]receiptReq, 0, len(m))
+	for k, read := range m {
+		ms, ok := members[k.conv]
+		if !ok || fanout.TierOf(int64(len(ms)), g.cfg.WriteFanoutMax, g.cfg.OnlineFanoutMax) != fanout.TierPush {
+			continue // not read (the error is the combined read's), or not push tier
+		}
+		reqs = append(reqs, receiptReq{k: k, read: read})
+	}
+	for len(reqs) > 0 {
+		n := min(len(reqs), receiptBatch)
+		g.sendReceipts(ctx, reqs[:n], members)
+		reqs = reqs[n:]
+	}
+}
+
+// sendReceipts asks the gate about qs in one pipeline and acts on each
+// verdict; members holds each conversation's current members.
+func (g *Gateway) sendReceipts(ctx context.Context, qs []receiptReq, members map[string][]string) {
+	g.metrics.combined.WithLabelValues("receipt").Observe(float64(len(qs)))
+	vs, err := g.deps.Receipts.tryMany(ctx, qs)
+	if err != nil {
+		g.log.Debug("receipt", "err", err)
+		return
+	}
+	for i, v := range vs {
+		k := qs[i].k
+		switch {
+		case v.wait > 0:
+			g.laterReceipt(k, qs[i].read, v.wait)
+			continue
+		case v.send == 0:
+			continue
+		}
+		frame, err := wire.AppendFrame(nil, wire.Receipt{T: wire.TReceipt, Conv: k.conv, User: k.user, Read: v.send})
+		if err != nil {
+			continue
+		}
+		if err := g.toOthers(ctx, members[k.conv], k.user, frame); err != nil {
+			g.log.Debug("receipt", "err", err)
+			continue
+		}
+		g.metrics.receipts.Inc()
+	}
 }
 
 // receiptReq is one read position to send as a receipt.
@@ -117,41 +219,6 @@ type receiptReq struct {
 type receiptVerdict struct {
 	send int64
 	wait time.Duration
-}
-
-// sendReceipt sends read (or the newer one the gate holds) through the
-// gate to the conversation's other members.
-func (g *Gateway) sendReceipt(k convUser, read int64) {
-	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.RequestTimeout)
-	defer cancel()
-	members, err := g.members.get(ctx, k.conv, time.Now())
-	if err != nil {
-		g.log.Debug("receipt: members", "err", err)
-		return
-	}
-	if fanout.TierOf(int64(len(members)), g.cfg.WriteFanoutMax, g.cfg.OnlineFanoutMax) != fanout.TierPush {
-		return
-	}
-	v, err := g.receiptChecks.Do(ctx, receiptReq{k: k, read: read})
-	switch {
-	case err != nil:
-		g.log.Debug("receipt", "err", err)
-		return
-	case v.wait > 0:
-		g.laterReceipt(k, read, v.wait)
-		return
-	case v.send == 0:
-		return
-	}
-	frame, err := wire.AppendFrame(nil, wire.Receipt{T: wire.TReceipt, Conv: k.conv, User: k.user, Read: v.send})
-	if err != nil {
-		return
-	}
-	if err := g.toOthers(ctx, members, k.user, frame); err != nil {
-		g.log.Debug("receipt", "err", err)
-		return
-	}
-	g.metrics.receipts.Inc()
 }
 
 // laterReceipt keeps read for k and tries again once the window closed
@@ -178,6 +245,6 @@ func (g *Gateway) laterReceipt(k convUser, read int64, wait time.Duration) {
 			return
 		default:
 		}
-		g.goroutine(func() { g.sendReceipt(k, r) })
+		g.queueReceipt(k, r)
 	})
 }

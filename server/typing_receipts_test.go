@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"net/http"
+	"sync"
 	"testing"
 	"time"
 
@@ -219,6 +220,80 @@ func TestReceipts(t *testing.T) {
 	r, err = ca.Receipts(ctx(t), "g")
 	if err != nil || len(r.Reads) != 3 {
 		t.Fatalf("receipts with cy public again: %+v %v", r.Reads, err)
+	}
+}
+
+// Reads that move at the same moment go through the receipt gate
+// together (one Redis pipeline for all those of a short linger); each
+// still gets its own receipt, in its own conversation, and of two reads
+// of one user in one conversation only the newest is sent.
+func TestReceiptsTogether(t *testing.T) {
+	cfg := parleytest.Config(t)
+	env := parleytest.Start(t, cfg)
+	ana := env.User(t, "ana", 1)[0]
+	ben := env.User(t, "ben", 2)
+	cy := env.User(t, "cy", 1)[0]
+	env.Group(t, "g1", "ana", "ben", "cy")
+	env.Group(t, "g2", "ana", "ben", "cy")
+	ca, fa := dial(t, env, ana)
+	cb1, _ := dial(t, env, ben[0])
+	cb2, _ := dial(t, env, ben[1])
+	cc, _ := dial(t, env, cy)
+	seqs := map[string][]int64{}
+	for _, conv := range []string{"g1", "g2"} {
+		for i := range 3 {
+			m, err := ca.Send(ctx(t), conv, conv+string(rune('a'+i)), []byte("x"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			seqs[conv] = append(seqs[conv], m.Seq)
+		}
+	}
+	type read struct {
+		c    *client.Conn
+		conv string
+		seq  int64
+	}
+	reads := []read{
+		{cb1, "g1", seqs["g1"][0]}, {cb2, "g1", seqs["g1"][2]}, // ben in g1: the newest is sent
+		{cb1, "g2", seqs["g2"][1]},
+		{cc, "g1", seqs["g1"][1]},
+	}
+	var wg sync.WaitGroup
+	for _, r := range reads {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := r.c.Read(ctx(t), r.conv, r.seq); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	want := map[[2]string]int64{{"g1", "ben"}: seqs["g1"][2], {"g2", "ben"}: seqs["g2"][1], {"g1", "cy"}: seqs["g1"][1]}
+	got := map[[2]string]int64{}
+	deadline := time.After(5 * time.Second)
+	for len(got) < len(want) {
+		select {
+		case m := <-fa:
+			if m.T == wire.TReceipt {
+				got[[2]string{m.Conv, m.User}] = max(got[[2]string{m.Conv, m.User}], m.Read)
+			}
+		case <-deadline:
+			t.Fatalf("receipts on ana: %v, want %v", got, want)
+		}
+	}
+	// A lower read of ben in g1 may have gone out first only if it was
+	// gated before the newer one arrived; the newest must follow within
+	// the window.
+	if got[[2]string{"g1", "ben"}] != want[[2]string{"g1", "ben"}] {
+		m := nextFrame(t, fa, 3*time.Second, "ben's newest receipt in g1", isReceipt("g1", "ben"))
+		got[[2]string{"g1", "ben"}] = m.Read
+	}
+	for k, w := range want {
+		if got[k] != w {
+			t.Errorf("receipt of %s in %s: read %d, want %d", k[1], k[0], got[k], w)
+		}
 	}
 }
 
