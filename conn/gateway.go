@@ -59,6 +59,10 @@ type Deps struct {
 	// effort: it never waits (a frame it cannot queue is dropped). Typing
 	// and receipts go this way. Nil: through Notify, user by user.
 	NotifyMany func(users []string, frame []byte) error
+	// RoutesChanged is told when a connection of user entered or left
+	// the route table through this gateway, so that routes NotifyMany
+	// reuses are looked up again (nil: none are reused, or nobody cares).
+	RoutesChanged func(user string)
 	// Receipts coalesces receipt pushes over gateways (nil: no receipt
 	// pushes).
 	Receipts *ReceiptGate
@@ -384,6 +388,7 @@ func (g *Gateway) OnClose(c gnet.Conn, _ error) gnet.Action {
 			if _, err := g.disconnects.Do(ctx, route.Disconnected{User: s.user, Device: s.device, Token: s.token}); err != nil {
 				g.log.Debug("leaving the route table and the online index", "device", s.device, "err", err)
 			}
+			g.routesChanged(s.user)
 		})
 	}
 	return gnet.None
@@ -801,4 +806,11 @@ func (g *Gateway) Reregister(ctx context.Context) error {
 	}
 	g.log.Info("re-registered routes after Redis lost them", "connections", len(ss))
 	return nil
+}
+
+// routesChanged tells fan-out that user's routes changed (Deps.RoutesChanged).
+func (g *Gateway) routesChanged(user string) {
+	if g.deps.RoutesChanged != nil {
+		g.deps.RoutesChanged(user)
+	}
 }

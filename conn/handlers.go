@@ -190,6 +190,7 @@ func (g *Gateway) auth(ctx context.Context, s *Session, req *wire.Request) {
 		s.fail(req.Rid, g.wireError(s, req, err))
 		return
 	}
+	g.routesChanged(dev.User)
 	s.user, s.device, s.epoch, s.token, s.jwt = dev.User, dev.ID, dev.InstallEpoch, token, method == "jwt"
 	if s.jwt {
 		s.expireAt(exp)

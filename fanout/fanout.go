@@ -103,9 +103,12 @@ type Fanout struct {
 	// Frames for users' devices (ToUser), batched by notifyLoop so that
 	// one pipelined route lookup serves every frame queued meanwhile.
 	notes chan userFrame
-	// The routes ToUsers frames reuse for relayRouteTTL; only notifyLoop's
-	// goroutine uses it.
-	relayRoutes map[string]relayRoute
+	// The routes ToUsers frames reuse for relayRouteTTL, and how many
+	// times this gateway's own connections changed them (RoutesChanged:
+	// a lookup that such a change overtook is not kept).
+	rmu         sync.Mutex
+	relayRoutes map[string]relayRoute // guarded by rmu
+	routeEpoch  uint64                // guarded by rmu
 
 	closeOnce sync.Once
 }
@@ -596,10 +599,12 @@ func (f *Fanout) notifyLoop() {
 
 // relayRouteTTL: how long notifyLoop reuses a user's routes for ToUsers
 // frames (typing, receipts). Those are best effort, and a lookup per
-// batch was a fifth of parleyd's CPU relaying typing: a device that
-// connected (or moved to another gateway) within the TTL may miss some.
+// batch was a fifth of parleyd's CPU relaying typing. A connection that
+// opens or closes on this gateway drops its user's routes at once
+// (RoutesChanged); one on another gateway is seen within the TTL, so a
+// device that connected there may miss typing and receipts that long.
 // ToUser frames (read_changed and the like) always look routes up.
-const relayRouteTTL = time.Second
+const relayRouteTTL = 5 * time.Second
 
 // relayRoutesMax: cached routes kept before stale ones are swept.
 const relayRoutesMax = 200000
@@ -623,6 +628,8 @@ func (f *Fanout) notify(batch []userFrame) {
 			users = append(users, n.user)
 		}
 	}
+	f.rmu.Lock()
+	epoch := f.routeEpoch
 	for _, n := range batch {
 		for _, u := range n.users {
 			if seen[u] {
@@ -636,6 +643,7 @@ func (f *Fanout) notify(batch []userFrame) {
 			}
 		}
 	}
+	f.rmu.Unlock()
 	if len(users) > 0 {
 		entries, err := f.routes.Lookup(ctx, users)
 		if err != nil {
@@ -645,7 +653,7 @@ func (f *Fanout) notify(batch []userFrame) {
 		for _, e := range entries {
 			byUser[e.User] = append(byUser[e.User], e)
 		}
-		f.keepRelayRoutes(users, byUser, now)
+		f.keepRelayRoutes(users, byUser, now, epoch)
 	}
 	perGateway := map[string][]Delivery{}
 	for _, n := range batch {
@@ -676,9 +684,25 @@ func (f *Fanout) notify(batch []userFrame) {
 	}
 }
 
+// RoutesChanged tells fan-out that a connection of user opened or closed
+// on this gateway: the routes it reuses for the user's typing and
+// receipts are looked up again.
+func (f *Fanout) RoutesChanged(user string) {
+	f.rmu.Lock()
+	defer f.rmu.Unlock()
+	f.routeEpoch++
+	delete(f.relayRoutes, user)
+}
+
 // keepRelayRoutes remembers the routes just looked up for users (none for
-// a user without online devices).
-func (f *Fanout) keepRelayRoutes(users []string, byUser map[string][]route.Entry, now time.Time) {
+// a user without online devices), unless a route changed on this gateway
+// since epoch (the lookup may predate it).
+func (f *Fanout) keepRelayRoutes(users []string, byUser map[string][]route.Entry, now time.Time, epoch uint64) {
+	f.rmu.Lock()
+	defer f.rmu.Unlock()
+	if f.routeEpoch != epoch {
+		return
+	}
 	if f.relayRoutes == nil {
 		f.relayRoutes = map[string]relayRoute{}
 	}

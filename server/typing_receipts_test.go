@@ -114,6 +114,24 @@ func isReceipt(conv, user string) func(wire.Message) bool {
 	return func(m wire.Message) bool { return m.T == wire.TReceipt && m.Conv == conv && m.User == user }
 }
 
+// The routes the relay reuses for a user are dropped when a connection of
+// that user opens on the gateway: a device that just connected gets the
+// next typing frame, not one a few seconds later.
+func TestTypingReachesNewDevice(t *testing.T) {
+	env := parleytest.Start(t, parleytest.Config(t))
+	ana := env.User(t, "ana", 2)
+	ben := env.User(t, "ben", 2)
+	env.Group(t, "g", "ana", "ben")
+	ca1, _ := dial(t, env, ana[0])
+	ca2, _ := dial(t, env, ana[1])
+	_, fb1 := dial(t, env, ben[0])
+	mustType(t, ca1, "g")
+	nextFrame(t, fb1, 5*time.Second, "typing on ben's first device", isTyping("g", "ana"))
+	_, fb2 := dial(t, env, ben[1])
+	mustType(t, ca2, "g") // another device of ana: not held by the first one's interval
+	nextFrame(t, fb2, time.Second, "typing on ben's new device", isTyping("g", "ana"))
+}
+
 // receipts lists the current members' read positions (push tier only);
 // a member's read advance reaches the other members' online devices as a
 // receipt, at most one per (conversation, user) a second over all
