@@ -107,8 +107,8 @@ func (g *Gateway) readMoved(user, conv string, read int64, private bool) {
 }
 
 // receiptLinger: how long a read that moved waits for others to go
-// through the gate with it. Every read waiting then costs one pipeline
-// and one goroutine in all, instead of one each (in the realistic mix,
+// through the gate with it. The reads that waited together share one
+// goroutine and one pipeline, instead of one each (in the realistic mix,
 // about 1,300 reads a second asked the gate in batches of 1.9). A
 // receipt frame waits in its devices' outboxes for relay_coalesce anyway.
 const receiptLinger = 20 * time.Millisecond
