@@ -87,9 +87,10 @@ func (l *memberLists) get(ctx context.Context, conv string, now time.Time) ([]st
 }
 
 // getMany returns the current members of each of convs that could be
-// read (nil for a conversation that does not exist), waiting for those
-// not cached: their reads run at once and are combined into a statement
-// or a few. The goroutines it starts end with it.
+// read (nil for a conversation that does not exist), reading those not
+// cached in statements of up to memberLoadMax (the combined read's own
+// Run: the caller already holds them all together, so there is nothing
+// to wait for another request to join).
 func (l *memberLists) getMany(ctx context.Context, convs []string, now time.Time) map[string][]string {
 	out := make(map[string][]string, len(convs))
 	var missing []string
@@ -100,20 +101,17 @@ func (l *memberLists) getMany(ctx context.Context, convs []string, now time.Time
 			missing = append(missing, c)
 		}
 	}
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	for _, c := range missing {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if users, err := l.loads.Do(ctx, c); err == nil {
-				mu.Lock()
-				out[c] = users
-				mu.Unlock()
-			}
-		}()
+	for len(missing) > 0 {
+		part := missing[:min(len(missing), memberLoadMax)]
+		missing = missing[len(part):]
+		lists, err := l.loads.Run(ctx, part)
+		if err != nil {
+			continue // those conversations are left out
+		}
+		for i, c := range part {
+			out[c] = lists[i]
+		}
 	}
-	wg.Wait()
 	return out
 }
 
