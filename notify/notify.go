@@ -23,6 +23,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -96,6 +97,51 @@ type Notifier struct {
 type pool struct {
 	p     Provider
 	tasks chan task
+	// stuckUntil (Unix ns): the queue stayed full for a whole
+	// providerWait lately; until then dispatch does not wait for room.
+	stuckUntil atomic.Int64
+}
+
+// providerWait bounds how long one dispatch waits for room in a full
+// provider queue before it retries the rest of that provider's jobs a
+// second later; a provider that made it wait so long is not waited for
+// again for providerStuck. A full queue usually means the workers are
+// busy, not stuck: waiting for them lets the claim loop keep the pace
+// of the provider instead of claiming, preparing and putting back jobs
+// it cannot hand over yet; a hanging provider delays the other
+// providers' notifications of one batch by providerWait at most.
+const (
+	providerWait  = 250 * time.Millisecond
+	providerStuck = time.Second
+)
+
+// offer hands t to the provider's queue: at once if there is room,
+// otherwise after waiting for room until the wait budget *wait runs out
+// (the time waited is taken from it). It reports whether t was queued.
+func (p *pool) offer(t task, wait *time.Duration, stop <-chan struct{}) bool {
+	select {
+	case p.tasks <- t:
+		return true
+	default:
+	}
+	now := time.Now()
+	if *wait <= 0 || now.UnixNano() < p.stuckUntil.Load() {
+		return false
+	}
+	timer := time.NewTimer(*wait)
+	defer timer.Stop()
+	select {
+	case p.tasks <- t:
+		*wait -= time.Since(now)
+		return true
+	case <-timer.C:
+		*wait = 0
+		p.stuckUntil.Store(time.Now().Add(providerStuck).UnixNano())
+		return false
+	case <-stop:
+		*wait = 0
+		return false
+	}
 }
 
 type task struct {
@@ -730,6 +776,7 @@ func (n *Notifier) dispatch(ctx context.Context, jobs []*job) []done {
 		return fin
 	}
 	now := time.Now()
+	wait := map[*pool]time.Duration{} // what is left of each provider's wait
 	for _, j := range jobs {
 		reg, ok := regs[j.Body.Device]
 		if !ok {
@@ -767,10 +814,14 @@ func (n *Notifier) dispatch(ctx context.Context, jobs []*job) []done {
 			t.n.Kind, t.n.Conv, t.n.Seq = KindBadge, "", 0
 			t.n.Key = reg.Device + "::badge-" + strconv.FormatInt(j.Seq, 10)
 		}
-		select {
-		case p.tasks <- t:
-		default:
-			// The provider is behind (slow or hanging): try later,
+		w, ok := wait[p]
+		if !ok {
+			w = providerWait
+		}
+		queued := p.offer(t, &w, n.stop)
+		wait[p] = w
+		if !queued {
+			// The provider is far behind (slow or hanging): try later,
 			// without holding up the other providers.
 			fin = append(fin, done{Job: j, Outcome: outcomeRetry, At: now.Add(time.Second)})
 		}
