@@ -248,6 +248,130 @@ func TestHangingProviderBlocksNothing(t *testing.T) {
 	}
 }
 
+// slowSink is a provider taking a while for each request; it counts
+// requests by idempotency key.
+type slowSink struct {
+	name string
+	wait time.Duration
+	mu   sync.Mutex
+	keys map[string]int
+}
+
+func (s *slowSink) Name() string { return s.name }
+func (s *slowSink) Send(ctx context.Context, n *Notification) error {
+	time.Sleep(s.wait)
+	s.mu.Lock()
+	s.keys[n.Key]++
+	s.mu.Unlock()
+	return nil
+}
+
+// addRegistered adds users a00… (devices a00-d…) to g at seq 2, each
+// device registered with provider.
+func (w *world) addRegistered(t *testing.T, n int, provider string) []string {
+	ctx := context.Background()
+	users := make([]string, n)
+	devices := make([]store.Device, n)
+	for i := range users {
+		users[i] = fmt.Sprintf("a%02d", i)
+		devices[i] = store.Device{ID: users[i] + "-d", User: users[i], TokenSHA256: make([]byte, 32)}
+	}
+	if err := w.st.CreateUsers(ctx, users); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.st.CreateDevices(ctx, devices); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, _, err := w.st.AddMembers(ctx, &store.MembershipChange{Conv: "g", Seq: 2, Ts: time.Now().UnixMilli()}, users); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range devices {
+		if err := w.st.RegisterNotify(ctx, store.Registration{Device: d.ID, User: d.User, Provider: provider, Token: "t", RegisteredAt: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return users
+}
+
+// TestBusyProviderKeepsPace: more notifications at once than a
+// provider's queue holds are handed over as its workers free up, not put
+// back to be claimed again.
+func TestBusyProviderKeepsPace(t *testing.T) {
+	w := newWorld(t, "fcm")
+	users := w.addRegistered(t, 40, "fcm") // the queue holds 16 (Concurrency 2)
+	slow := &slowSink{name: "fcm", wait: 10 * time.Millisecond, keys: map[string]int{}}
+	reg := prometheus.NewRegistry()
+	n := w.notifier(t, reg, slow)
+	n.Start()
+	c := w.send(t, 3)
+	c.Members = 42
+	n.Committed([]eventlog.Committed{c})
+	testenv.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		slow.mu.Lock()
+		defer slow.mu.Unlock()
+		for _, u := range append(users, "ben") {
+			if k := u + "-d:g:3"; slow.keys[k] != 1 {
+				return fmt.Errorf("%s sent %d times", k, slow.keys[k])
+			}
+		}
+		return nil
+	})
+	if d := counter(t, reg, "parley_notify_deferred_total"); d != 0 {
+		t.Fatalf("%v notifications deferred, want 0: the queue frees up within the wait", d)
+	}
+}
+
+// TestHangingProviderQueueFull: a provider that never answers and whose
+// queue is full delays another provider's notification by the dispatch
+// wait (250 ms) at most; its own jobs are put back and counted, and they
+// are not lost.
+func TestHangingProviderQueueFull(t *testing.T) {
+	w := newWorld(t, "apns") // ben-d
+	ctx := context.Background()
+	users := w.addRegistered(t, 40, "apns")
+	if err := w.st.CreateUsers(ctx, []string{"cat"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.st.CreateDevices(ctx, []store.Device{{ID: "cat-d", User: "cat", TokenSHA256: make([]byte, 32)}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, _, err := w.st.AddMembers(ctx, &store.MembershipChange{Conv: "g", Seq: 3, Ts: time.Now().UnixMilli()}, []string{"cat"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.st.RegisterNotify(ctx, store.Registration{Device: "cat-d", User: "cat", Provider: "webhook", Token: "t", RegisteredAt: 1}); err != nil {
+		t.Fatal(err)
+	}
+	sink := newKeySink(t)
+	reg := prometheus.NewRegistry()
+	n := w.notifier(t, reg, hanging{"apns"}, NewWebhook(sink.srv.URL, "s", sink.srv.Client()))
+	n.Start()
+	c := w.send(t, 4)
+	c.Members = 43
+	start := time.Now()
+	n.Committed([]eventlog.Committed{c})
+	testenv.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if sink.count("cat-d:g:4") != 1 {
+			return fmt.Errorf("cat not notified")
+		}
+		return nil
+	})
+	// notify_delay 100 ms, the merge window 10 ms, the wait 250 ms; the
+	// rest is margin for a loaded machine.
+	if d := time.Since(start); d > 1500*time.Millisecond {
+		t.Fatalf("cat notified %v after the commit while apns hangs with a full queue", d)
+	}
+	testenv.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		if d := counter(t, reg, "parley_notify_deferred_total"); d == 0 {
+			return fmt.Errorf("nothing deferred while 41 apns jobs met a queue of 16")
+		}
+		return nil
+	})
+	// The deferred jobs are still queued (with those in flight).
+	if b, err := n.q.backlog(ctx); err != nil || b < int64(len(users)+1-2*8-2) {
+		t.Fatalf("backlog %d (%v), want the deferred apns jobs kept", b, err)
+	}
+}
+
 // TestIdleShardsSleep: with nothing queued, a shard is looked at about
 // once a second, not every Poll (20 ms); a job this process queues wakes
 // its shard, which sleeps until the job is due, and the notification goes

@@ -11,6 +11,7 @@ type metrics struct {
 	backlog    prometheus.Gauge
 	latency    *prometheus.HistogramVec // provider
 	claims     prometheus.Counter
+	deferred   *prometheus.CounterVec // provider
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -36,9 +37,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Buckets: prometheus.ExponentialBuckets(0.05, 1.5, 20)}, []string{"provider"}),
 		claims: prometheus.NewCounter(prometheus.CounterOpts{Name: "parley_notify_claims_total",
 			Help: "Looks at a queue shard's due jobs (a Redis script each): when its next job is due, when this process queued or finished one of its jobs, and at least once a second per shard."}),
+		deferred: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "parley_notify_deferred_total",
+			Help: "Notifications put back for a second because their provider's queue stayed full (its workers busy or hanging), by provider."},
+			[]string{"provider"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.sent, m.failed, m.dropped, m.duplicated, m.skipped, m.backlog, m.latency, m.claims)
+		reg.MustRegister(m.sent, m.failed, m.dropped, m.duplicated, m.skipped, m.backlog, m.latency, m.claims, m.deferred)
 	}
 	return m
 }

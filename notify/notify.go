@@ -823,6 +823,7 @@ func (n *Notifier) dispatch(ctx context.Context, jobs []*job) []done {
 		if !queued {
 			// The provider is far behind (slow or hanging): try later,
 			// without holding up the other providers.
+			n.m.deferred.WithLabelValues(reg.Provider).Inc()
 			fin = append(fin, done{Job: j, Outcome: outcomeRetry, At: now.Add(time.Second)})
 		}
 	}

@@ -127,29 +127,66 @@ type put struct {
 	Seqs []int64
 }
 
-// put adds jobs in one pipeline; gap is the least time between two
-// notifications of one (device, conversation).
+// scriptJobs bounds the jobs of one notify_put or notify_done call: a
+// script holds Redis for all of its jobs (about 10 µs each), and other
+// commands, a send's seq among them, wait behind it.
+const scriptJobs = 64
+
+// byShard calls f with the jobs of each shard, in their order, at most
+// scriptJobs at a time.
+func byShard[T any](jobs []T, shardOf func(*T) int, f func(shard int, part []*T)) {
+	groups := map[int][]*T{}
+	var order []int
+	for i := range jobs {
+		s := shardOf(&jobs[i])
+		if _, ok := groups[s]; !ok {
+			order = append(order, s)
+		}
+		g := append(groups[s], &jobs[i])
+		if len(g) == scriptJobs {
+			f(s, g)
+			g = nil
+		}
+		groups[s] = g
+	}
+	for _, s := range order {
+		if g := groups[s]; len(g) > 0 {
+			f(s, g)
+		}
+	}
+}
+
+// put adds jobs in one pipeline, a script call per shard (and per
+// scriptJobs); gap is the least time between two notifications of one
+// (device, conversation).
 func (q *queue) put(ctx context.Context, jobs []put, gap time.Duration) error {
 	_, err := scripts.RunPipelined(ctx, q.rdb, func(p redis.Pipeliner) {
-		for _, j := range jobs {
-			b, _ := json.Marshal(j.Body)
-			mode, sent := "new", q.jobsKey(j.Shard)
-			if j.Merge {
-				mode, sent = "merge", j.Sent
-			}
-			args := []any{j.ID, j.Due, j.Seq, j.Ts, string(b), mode, gap.Milliseconds()}
-			if j.Merge && len(j.Seqs) > 1 {
-				seqs := make([]byte, 0, 8*len(j.Seqs))
-				for i, q := range j.Seqs {
-					if i > 0 {
-						seqs = append(seqs, ' ')
+		byShard(jobs, func(j *put) int { return j.Shard }, func(shard int, part []*put) {
+			keys := make([]string, 2, 2+len(part))
+			keys[0], keys[1] = q.dueKey(shard), q.jobsKey(shard)
+			args := make([]any, 1, 1+7*len(part))
+			args[0] = gap.Milliseconds()
+			for _, j := range part {
+				b, _ := json.Marshal(j.Body)
+				mode, sent, seqs := "new", keys[1], ""
+				if j.Merge {
+					mode, sent = "merge", j.Sent
+					if len(j.Seqs) > 1 {
+						buf := make([]byte, 0, 8*len(j.Seqs))
+						for i, q := range j.Seqs {
+							if i > 0 {
+								buf = append(buf, ' ')
+							}
+							buf = strconv.AppendInt(buf, q, 10)
+						}
+						seqs = string(buf)
 					}
-					seqs = strconv.AppendInt(seqs, q, 10)
 				}
-				args = append(args, string(seqs))
+				keys = append(keys, sent)
+				args = append(args, j.ID, j.Due, j.Seq, j.Ts, string(b), mode, seqs)
 			}
-			scripts.NotifyPut.EvalSha(ctx, p, []string{q.dueKey(j.Shard), q.jobsKey(j.Shard), sent}, args...)
-		}
+			scripts.NotifyPut.EvalSha(ctx, p, keys, args...)
+		})
 	})
 	for _, j := range jobs {
 		q.changed(j.Shard)
@@ -219,20 +256,28 @@ type done struct {
 	At      time.Time // now, or for retry when to try again
 }
 
-// finish applies outcomes in one pipeline. gap: the least time between
-// two notifications of one (device, conversation); keep: how long the
-// last notification is remembered.
+// finish applies outcomes in one pipeline, a script call per shard (and
+// per scriptJobs). gap: the least time between two notifications of one
+// (device, conversation); keep: how long the last notification is
+// remembered.
 func (q *queue) finish(ctx context.Context, ds []done, gap, keep time.Duration) error {
 	_, err := scripts.RunPipelined(ctx, q.rdb, func(p redis.Pipeliner) {
-		for _, d := range ds {
-			j := d.Job
-			sent, isMsg := q.jobsKey(j.Shard), "0"
-			if j.ID[0] == jobMsg {
-				sent, isMsg = q.sentKey(j.Shard, j.Body.Device, j.Body.Conv), "1"
+		byShard(ds, func(d *done) int { return d.Job.Shard }, func(shard int, part []*done) {
+			keys := make([]string, 2, 2+len(part))
+			keys[0], keys[1] = q.dueKey(shard), q.jobsKey(shard)
+			args := make([]any, 2, 2+5*len(part))
+			args[0], args[1] = gap.Milliseconds(), keep.Milliseconds()
+			for _, d := range part {
+				j := d.Job
+				sent := keys[1]
+				if j.ID[0] == jobMsg {
+					sent = q.sentKey(j.Shard, j.Body.Device, j.Body.Conv)
+				}
+				keys = append(keys, sent)
+				args = append(args, j.ID, j.Seq, j.Count, d.Outcome, d.At.UnixMilli())
 			}
-			scripts.NotifyDone.EvalSha(ctx, p, []string{q.dueKey(j.Shard), q.jobsKey(j.Shard), sent},
-				j.ID, j.Seq, j.Count, d.Outcome, d.At.UnixMilli(), gap.Milliseconds(), keep.Milliseconds(), isMsg)
-		}
+			scripts.NotifyDone.EvalSha(ctx, p, keys, args...)
+		})
 	})
 	for _, d := range ds {
 		q.changed(d.Job.Shard)
