@@ -396,3 +396,27 @@ func TestIdleShardsSleep(t *testing.T) {
 		return nil
 	})
 }
+
+// TestLaterJobsLetShardSleep: jobs queued for later than a shard's next
+// look do not wake its loop (each wake is a claim, a script call).
+func TestLaterJobsLetShardSleep(t *testing.T) {
+	w := newWorld(t, "webhook")
+	sink := newKeySink(t)
+	reg := prometheus.NewRegistry()
+	n := w.notifier(t, reg, NewWebhook(sink.srv.URL, "s", sink.srv.Client()))
+	n.Start()
+	time.Sleep(200 * time.Millisecond) // each shard's first look; the next in a second
+	before := counter(t, reg, "parley_notify_claims_total")
+	ctx := context.Background()
+	for i := range 20 {
+		due := time.Now().Add(5 * time.Second).UnixMilli()
+		job := put{ID: fmt.Sprintf("b|u%d", i), Shard: 0, Due: due, Seq: due, Ts: due, Body: jobBody{User: fmt.Sprint("u", i)}}
+		if err := n.q.put(ctx, []put{job}, n.cfg.Delay); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if c := counter(t, reg, "parley_notify_claims_total") - before; c > 2 {
+		t.Fatalf("%v claims while 20 jobs due in 5 s were queued over 200 ms, want 2 at most", c)
+	}
+}

@@ -411,15 +411,16 @@ func (n *Notifier) badgeUserJob(user string) put {
 }
 
 // idleLook: a shard with nothing due is looked at again when its next
-// job is due, when this process changed it, and at least this often (for
+// job is due, when this process made one of its jobs due earlier, and at
+// least this often (for
 // jobs another process queued and could not claim itself: it died).
 const idleLook = time.Second
 
 // shardLoop claims the shard's due jobs and handles them. While Redis
 // fails it backs off (up to a second) and logs the first failure only.
 // With nothing due it sleeps until the next job is due, this process
-// queues or finishes one of the shard's jobs, or idleLook passed, but at
-// least Poll: an idle server does not poll Redis 50 times a second per
+// queues or finishes a job of the shard due before that, or idleLook
+// passed, but at least Poll: an idle server does not poll Redis 50 times a second per
 // shard.
 func (n *Notifier) shardLoop(shard int) {
 	defer n.loops.Done()
@@ -435,6 +436,7 @@ func (n *Notifier) shardLoop(shard int) {
 		case <-n.q.wake[shard]:
 			wait.Stop() // (no stale fire is received after Stop)
 		}
+		n.q.look[shard].Store(lookNow)
 		ctx, cancel := context.WithTimeout(context.Background(), n.cfg.Lease/2)
 		now := time.Now()
 		jobs, next, err := n.q.claim(ctx, shard, now, n.cfg.Lease, batch)
@@ -451,18 +453,24 @@ func (n *Notifier) shardLoop(shard int) {
 			}
 		}
 		cancel()
+		var d time.Duration
 		switch {
 		case fails > 0:
-			wait.Reset(min(n.cfg.Poll<<min(fails, 6), time.Second))
+			d = min(n.cfg.Poll<<min(fails, 6), time.Second)
 		case len(jobs) == batch:
-			wait.Reset(0)
+			d = 0
 		default:
-			d := idleLook
+			d = idleLook
 			if !next.IsZero() {
 				d = min(d, next.Sub(now))
 			}
-			wait.Reset(max(d, n.cfg.Poll))
+			d = max(d, n.cfg.Poll)
 		}
+		// Changes made while this look ran woke the loop already (the
+		// claim may not have seen them); from now on only those due
+		// before the next look do.
+		n.q.look[shard].Store(time.Now().Add(d).UnixMilli())
+		wait.Reset(d)
 	}
 }
 
@@ -850,6 +858,7 @@ func (n *Notifier) finishLoop() {
 	defer n.finisher.Done()
 	for r := range n.results {
 		batch := []result{r}
+		linger := time.NewTimer(recordLinger)
 	more:
 		for len(batch) < 512 {
 			select {
@@ -858,13 +867,21 @@ func (n *Notifier) finishLoop() {
 					break more
 				}
 				batch = append(batch, r)
-			default:
+			case <-linger.C:
 				break more
 			}
 		}
+		linger.Stop()
 		n.record(batch)
 	}
 }
+
+// recordLinger: an outcome is recorded at most this long after its
+// provider answered, so that a trickle of answers shares a pipeline
+// (and a script call per shard) instead of making one each. The
+// notification is out already; only a worker dying within it would
+// send it again.
+const recordLinger = 10 * time.Millisecond
 
 // record finishes the jobs of batch by their outcomes.
 func (n *Notifier) record(batch []result) {
