@@ -103,12 +103,15 @@ type Fanout struct {
 	// Frames for users' devices (ToUser), batched by notifyLoop so that
 	// one pipelined route lookup serves every frame queued meanwhile.
 	notes chan userFrame
-	// The routes ToUsers frames reuse for relayRouteTTL, and how many
-	// times this gateway's own connections changed them (RoutesChanged:
-	// a lookup that such a change overtook is not kept).
-	rmu         sync.Mutex
-	relayRoutes map[string]relayRoute // guarded by rmu
-	routeEpoch  uint64                // guarded by rmu
+	// The routes ToUsers frames reuse for relayRouteTTL, and the users
+	// whose connections on this gateway opened or closed since the
+	// current batch's lookup began (RoutesChanged: that lookup may
+	// predate the change, so their routes from it are not kept). Only
+	// notifyLoop looks routes up, one batch at a time, so the set is
+	// emptied when a batch begins.
+	rmu          sync.Mutex
+	relayRoutes  map[string]relayRoute // guarded by rmu
+	routeChanged map[string]struct{}   // guarded by rmu
 
 	closeOnce sync.Once
 }
@@ -629,7 +632,7 @@ func (f *Fanout) notify(batch []userFrame) {
 		}
 	}
 	f.rmu.Lock()
-	epoch := f.routeEpoch
+	clear(f.routeChanged)
 	for _, n := range batch {
 		for _, u := range n.users {
 			if seen[u] {
@@ -653,7 +656,7 @@ func (f *Fanout) notify(batch []userFrame) {
 		for _, e := range entries {
 			byUser[e.User] = append(byUser[e.User], e)
 		}
-		f.keepRelayRoutes(users, byUser, now, epoch)
+		f.keepRelayRoutes(users, byUser, now)
 	}
 	perGateway := map[string][]Delivery{}
 	for _, n := range batch {
@@ -690,19 +693,21 @@ func (f *Fanout) notify(batch []userFrame) {
 func (f *Fanout) RoutesChanged(user string) {
 	f.rmu.Lock()
 	defer f.rmu.Unlock()
-	f.routeEpoch++
+	if f.routeChanged == nil {
+		f.routeChanged = map[string]struct{}{}
+	}
+	f.routeChanged[user] = struct{}{}
 	delete(f.relayRoutes, user)
 }
 
 // keepRelayRoutes remembers the routes just looked up for users (none for
-// a user without online devices), unless a route changed on this gateway
-// since epoch (the lookup may predate it).
-func (f *Fanout) keepRelayRoutes(users []string, byUser map[string][]route.Entry, now time.Time, epoch uint64) {
+// a user without online devices), except those of users whose routes
+// changed on this gateway since the batch began (the lookup may predate
+// the change). Other users' routes are kept even during a reconnect
+// storm.
+func (f *Fanout) keepRelayRoutes(users []string, byUser map[string][]route.Entry, now time.Time) {
 	f.rmu.Lock()
 	defer f.rmu.Unlock()
-	if f.routeEpoch != epoch {
-		return
-	}
 	if f.relayRoutes == nil {
 		f.relayRoutes = map[string]relayRoute{}
 	}
@@ -714,6 +719,8 @@ func (f *Fanout) keepRelayRoutes(users []string, byUser map[string][]route.Entry
 		}
 	}
 	for _, u := range users {
-		f.relayRoutes[u] = relayRoute{entries: byUser[u], at: now}
+		if _, changed := f.routeChanged[u]; !changed {
+			f.relayRoutes[u] = relayRoute{entries: byUser[u], at: now}
+		}
 	}
 }
