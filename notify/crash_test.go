@@ -416,7 +416,9 @@ func TestLaterJobsLetShardSleep(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if c := counter(t, reg, "parley_notify_claims_total") - before; c > 2 {
-		t.Fatalf("%v claims while 20 jobs due in 5 s were queued over 200 ms, want 2 at most", c)
+	// At most the two shards' idle looks and one more each (a loaded
+	// machine may stretch the 200 ms); woken per job it was 20.
+	if c := counter(t, reg, "parley_notify_claims_total") - before; c > 4 {
+		t.Fatalf("%v claims while 20 jobs due in 5 s were queued over 200 ms, want 4 at most", c)
 	}
 }

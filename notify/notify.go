@@ -412,16 +412,16 @@ func (n *Notifier) badgeUserJob(user string) put {
 
 // idleLook: a shard with nothing due is looked at again when its next
 // job is due, when this process made one of its jobs due earlier, and at
-// least this often (for
-// jobs another process queued and could not claim itself: it died).
+// least this often (for jobs another process queued and could not claim
+// itself: it died).
 const idleLook = time.Second
 
 // shardLoop claims the shard's due jobs and handles them. While Redis
 // fails it backs off (up to a second) and logs the first failure only.
 // With nothing due it sleeps until the next job is due, this process
 // queues or finishes a job of the shard due before that, or idleLook
-// passed, but at least Poll: an idle server does not poll Redis 50 times a second per
-// shard.
+// passed, but at least Poll: an idle server does not poll Redis 50 times
+// a second per shard.
 func (n *Notifier) shardLoop(shard int) {
 	defer n.loops.Done()
 	const batch = 256
