@@ -103,14 +103,14 @@ type Fanout struct {
 	// Frames for users' devices (ToUser), batched by notifyLoop so that
 	// one pipelined route lookup serves every frame queued meanwhile.
 	notes chan userFrame
-	// The routes ToUsers frames reuse for relayRouteTTL, and the users
-	// whose connections on this gateway opened or closed since the
-	// current batch's lookup began (RoutesChanged: that lookup may
+	// The routes ToUsers frames reuse for relayRouteTTL, and, while a
+	// batch's lookup runs (looking), the users whose connections on this
+	// gateway opened or closed meanwhile (RoutesChanged: the lookup may
 	// predate the change, so their routes from it are not kept). Only
-	// notifyLoop looks routes up, one batch at a time, so the set is
-	// emptied when a batch begins.
+	// notifyLoop looks routes up, one batch at a time.
 	rmu          sync.Mutex
 	relayRoutes  map[string]relayRoute // guarded by rmu
+	looking      bool                  // guarded by rmu
 	routeChanged map[string]struct{}   // guarded by rmu
 
 	closeOnce sync.Once
@@ -646,6 +646,7 @@ func (f *Fanout) notify(batch []userFrame) {
 			}
 		}
 	}
+	f.looking = len(users) > 0
 	f.rmu.Unlock()
 	if len(users) > 0 {
 		entries, err := f.routes.Lookup(ctx, users)
@@ -693,10 +694,12 @@ func (f *Fanout) notify(batch []userFrame) {
 func (f *Fanout) RoutesChanged(user string) {
 	f.rmu.Lock()
 	defer f.rmu.Unlock()
-	if f.routeChanged == nil {
-		f.routeChanged = map[string]struct{}{}
+	if f.looking {
+		if f.routeChanged == nil {
+			f.routeChanged = map[string]struct{}{}
+		}
+		f.routeChanged[user] = struct{}{}
 	}
-	f.routeChanged[user] = struct{}{}
 	delete(f.relayRoutes, user)
 }
 
@@ -723,4 +726,6 @@ func (f *Fanout) keepRelayRoutes(users []string, byUser map[string][]route.Entry
 			f.relayRoutes[u] = relayRoute{entries: byUser[u], at: now}
 		}
 	}
+	f.looking = false
+	clear(f.routeChanged)
 }

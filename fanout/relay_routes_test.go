@@ -17,8 +17,13 @@ func TestRelayRoutesKeptPerUser(t *testing.T) {
 		"ana": {{User: "ana", Device: "ana-1", Token: 1, Gateway: "g"}},
 		"ben": {{User: "ben", Device: "ben-1", Token: 1, Gateway: "g"}},
 	}
+	f.RoutesChanged("cy") // before the batch: not remembered
+	if len(f.routeChanged) != 0 {
+		t.Fatalf("a change outside a lookup was remembered: %v", f.routeChanged)
+	}
 	f.rmu.Lock()
-	clear(f.routeChanged) // a batch begins (notify)
+	clear(f.routeChanged) // a batch begins and looks ana and ben up (notify)
+	f.looking = true
 	f.rmu.Unlock()
 	f.RoutesChanged("ben") // ben's second device connects during the lookup
 	f.keepRelayRoutes([]string{"ana", "ben"}, byUser, time.Now())
@@ -28,9 +33,12 @@ func TestRelayRoutesKeptPerUser(t *testing.T) {
 	if _, ok := f.relayRoutes["ben"]; ok {
 		t.Fatal("ben's routes were kept, though they changed during the lookup")
 	}
+	if f.looking || len(f.routeChanged) != 0 {
+		t.Fatalf("after the lookup: looking %v, changed %v", f.looking, f.routeChanged)
+	}
 	// The next batch looks ben up again and keeps the result.
 	f.rmu.Lock()
-	clear(f.routeChanged)
+	f.looking = true
 	f.rmu.Unlock()
 	f.keepRelayRoutes([]string{"ben"}, byUser, time.Now())
 	if _, ok := f.relayRoutes["ben"]; !ok {
