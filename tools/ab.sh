@@ -25,6 +25,10 @@
 #             the server's ws_listen with -transport ws); with A=B the
 #             same build over both transports: A=HEAD B=HEAD TRANSPORT_B=ws
 #   OUT       results directory (default a new /tmp/parley-ab.XXXXXX)
+#   PGSS      1: reset pg_stat_statements before each run's load and write
+#             its 20 costliest statements to OUT/SIDE_N.pgss afterwards
+#             (the cluster needs the extension in the database of
+#             PARLEY_TEST_POSTGRES_URL)
 # The load tool always comes from the working tree and runs on core 1.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -104,9 +108,13 @@ run() { # run SIDE N
     taskset -c 0 "$OUT/$side/parleyd" > "$OUT/${side}_$n.log" 2>&1 &
   pid=$!
   for _ in $(seq 100); do grep -q "parleyd ready" "$OUT/${side}_$n.log" && break; sleep 0.1; done
+  [ "${PGSS:-0}" = 1 ] && psql -q -At "$base" -c "SELECT pg_stat_statements_reset()" > /dev/null
   # shellcheck disable=SC2086
   taskset -c 1 "$OUT/parley-load" $load "${addr[@]}" -admin http://127.0.0.1:$((port + 1)) -token ab \
     -server-pid "$pid" -cpu "$cpu" $probes -json "$OUT/${side}_$n.json" > "$OUT/${side}_$n.txt" 2>&1 || true
+  [ "${PGSS:-0}" = 1 ] && psql -q "$base" -c "SELECT round(total_exec_time) AS ms, calls, rows, round(total_exec_time * 1000 / greatest(calls, 1)) AS us_per_call,
+      wal_bytes, left(regexp_replace(query, '\s+', ' ', 'g'), 160) AS query
+    FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 20" > "$OUT/${side}_$n.pgss"
   cleanup
   if [ "$ONECORE" = 1 ]; then pin_backends 0; fi
   echo "$side run $n: $(tail -3 "$OUT/${side}_$n.txt" | head -1)"
