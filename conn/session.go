@@ -23,7 +23,7 @@ type Session struct {
 	// Static after construction.
 	g      *Gateway
 	c      gnet.Conn
-	id     uint64 // keeps this connection's acks and reads in order in their commit queues
+	id     uint64 // keeps this connection's acks in order in their commit queue
 	opened time.Time
 	ws     *wsConn // the WebSocket state; nil on the TCP listener
 
