@@ -53,7 +53,7 @@ type config struct {
 func main() {
 	var cfg config
 	role := flag.String("role", "relay", "relay, or typist (the child process)")
-	flag.StringVar(&cfg.addr, "addr", "127.0.0.1:39998", "loopback address the relay listens on")
+	flag.StringVar(&cfg.addr, "addr", "127.0.0.1:0", "loopback address the relay listens on (port 0: a free one)")
 	flag.IntVar(&cfg.devices, "devices", 2000, "connections, a device each")
 	flag.IntVar(&cfg.size, "size", 5, "members per group")
 	flag.IntVar(&cfg.per, "groups", 20, "groups per device (groups in all: devices × groups / size)")
@@ -196,6 +196,14 @@ func (r *relay) flushLoop(stop <-chan struct{}) {
 }
 
 func relayRun(cfg config) error {
+	if strings.HasSuffix(cfg.addr, ":0") {
+		ln, err := net.Listen("tcp", cfg.addr)
+		if err != nil {
+			return err
+		}
+		cfg.addr = ln.Addr().String()
+		_ = ln.Close()
+	}
 	r := &relay{cfg: cfg, groups: members(cfg), boxes: make([]outbox, cfg.devices), started: make(chan struct{})}
 	errc := make(chan error, 1)
 	go func() {
@@ -217,8 +225,8 @@ func relayRun(cfg config) error {
 	defer close(stop)
 	go r.flushLoop(stop)
 
-	args := os.Args[1:]
-	args = append([]string{"-role", "typist"}, args...)
+	args := append([]string{"-role", "typist"}, os.Args[1:]...)
+	args = append(args, "-addr", cfg.addr) // the last -addr counts
 	cmd := exec.Command(os.Args[0], args...)
 	if taskset, err := exec.LookPath("taskset"); err == nil {
 		cmd = exec.Command(taskset, append([]string{"-c", cfg.typistCPU, os.Args[0]}, args...)...)
