@@ -230,7 +230,11 @@ type Config struct {
 	// 5xx is retried this long after its message's commit, then dropped.
 	NotifyTTL time.Duration `yaml:"notify_ttl" default:"1h"`
 	// NotifyShards is how many Redis hash tags the notification queue is
-	// spread over (on a Redis Cluster, over that many slots).
+	// spread over (on a Redis Cluster, over that many slots). Each process
+	// evaluates a shard's due messages together, so fewer shards make
+	// bigger evaluations (less CPU per message when notifications are
+	// light) and more shards evaluate more at once (more notifications a
+	// second when they are many): docs/notifications.md, "Capacity".
 	NotifyShards int `yaml:"notify_shards" default:"8"`
 	// NotifyConcurrency is how many requests each provider may have in
 	// flight from this process.
