@@ -343,16 +343,16 @@ func TestCurveAndChart(t *testing.T) {
 
 // TestNotify: the notify scenario against a server posting to the tool's
 // sink: every owed notification arrives, none to muted or acking
-// receivers, signatures checked. notify_delay is 1.5 s so that an acking
-// receiver's push and ack fit in it on a loaded host (at 500 ms, pushes
-// slower than that under load made acking receivers rightly notified),
-// and each group gets a message every 2.5 s, above notify_delay + 0.5 s,
-// so none collapse.
+// receivers, signatures checked. notify_delay is 3 s so that an acking
+// receiver's push and the commit of its ack fit in it on a loaded host
+// (at 500 ms, and once at 1.5 s, when a commit stalled 1.4 s while the
+// other packages' tests ran, an acking receiver was rightly notified),
+// and the 100 sends go one to each group, so none collapse.
 func TestNotify(t *testing.T) {
 	cfg := parleytest.Config(t)
 	sink := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	cfg.NotifyWebhookURL, cfg.NotifyWebhookSecret = "http://"+sink+"/hook", "sek"
-	cfg.NotifyDelay, cfg.AckCoalesce = 1500*time.Millisecond, 0
+	cfg.NotifyDelay, cfg.AckCoalesce = 3*time.Second, 0
 	cfg.SendRate, cfg.SendBurst = 1000, 1000
 	env := parleytest.Start(t, cfg)
 	rep := runScenario(t, env, Config{Scenario: "notify", Rate: 40, Duration: 2500 * time.Millisecond, Groups: 100, Size: 5,
