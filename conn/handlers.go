@@ -6,7 +6,6 @@ import (
 	"crypto/subtle"
 	"encoding/base64"
 	"errors"
-	"hash/maphash"
 	"slices"
 	"strconv"
 	"strings"
@@ -388,21 +387,10 @@ func (g *Gateway) holdsAcks() bool {
 	}
 }
 
-// shardSeed seeds userShard: the shards only need to agree within this
-// process.
-var shardSeed = maphash.MakeSeed()
-
-// userShard is the commit-queue key of a user's read reports.
-func userShard(user string) uint64 { return maphash.String(shardSeed, user) }
-
 func (g *Gateway) read(s *Session, req *wire.Request, start time.Time) {
 	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.RequestTimeout)
 	rid, conv := req.Rid, req.Conv
-	// Keyed by user, not connection: a read position's write holds its
-	// user's lock, so reports of one user's devices in two commit queues
-	// would wait for each other's commit; in one they share a batch. (A
-	// connection's reports stay in order: it has one user.)
-	g.deps.Cursors.Read(ctx, userShard(s.user), store.ReadUpdate{User: s.user, Conv: req.Conv, Seq: req.Seq}, func(r store.ReadResult) {
+	g.deps.Cursors.Read(ctx, store.ReadUpdate{User: s.user, Conv: req.Conv, Seq: req.Seq}, func(r store.ReadResult) {
 		cancel()
 		g.metrics.latency.WithLabelValues(wire.TRead).Observe(time.Since(start).Seconds())
 		g.answer(s, &wire.Request{T: wire.TRead, Rid: rid, Conv: conv}, r.Err, wire.ReadOK{T: wire.TReadOK, Rid: rid, Conv: conv, Read: r.Read, Unread: r.Unread})

@@ -11,6 +11,7 @@ package cursor
 
 import (
 	"context"
+	"hash/fnv"
 	"log/slog"
 	"time"
 
@@ -146,9 +147,14 @@ func (c *Cursors) ReadKey(user string) string { return c.prefix + "rp:{" + user 
 // Read queues a read report; done is called once, after the merged read
 // position is durable in PostgreSQL (group committed with other reports)
 // and, if it advanced, max-merged into the Redis hot copy.
-// Reports with the same key are merged in order.
-func (c *Cursors) Read(ctx context.Context, key uint64, r store.ReadUpdate, done func(store.ReadResult)) {
-	if err := c.reads.Submit(ctx, key, &pendingRead{read: r, done: done}); err != nil {
+// Reports are queued by user, so one user's are merged in order. A read
+// position's write holds its user's lock: the reports of one user's
+// devices in two commit queues would wait for each other's commit; in
+// one they share a batch.
+func (c *Cursors) Read(ctx context.Context, r store.ReadUpdate, done func(store.ReadResult)) {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(r.User))
+	if err := c.reads.Submit(ctx, h.Sum64(), &pendingRead{read: r, done: done}); err != nil {
 		done(store.ReadResult{Err: err})
 	}
 }

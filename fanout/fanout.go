@@ -632,7 +632,6 @@ func (f *Fanout) notify(batch []userFrame) {
 		}
 	}
 	f.rmu.Lock()
-	clear(f.routeChanged)
 	for _, n := range batch {
 		for _, u := range n.users {
 			if seen[u] {
@@ -652,6 +651,7 @@ func (f *Fanout) notify(batch []userFrame) {
 		entries, err := f.routes.Lookup(ctx, users)
 		if err != nil {
 			f.log.Debug("frames to users: route lookup", "users", len(users), "err", err)
+			f.keepRelayRoutes(nil, nil, now) // ends the lookup, keeping nothing
 			return
 		}
 		for _, e := range entries {
@@ -703,11 +703,12 @@ func (f *Fanout) RoutesChanged(user string) {
 	delete(f.relayRoutes, user)
 }
 
-// keepRelayRoutes remembers the routes just looked up for users (none for
-// a user without online devices), except those of users whose routes
-// changed on this gateway since the batch began (the lookup may predate
-// the change). Other users' routes are kept even during a reconnect
-// storm.
+// keepRelayRoutes ends a lookup: it remembers the routes just looked up
+// for users (none for a user without online devices), except those of
+// users whose routes changed on this gateway since the batch began (the
+// lookup may predate the change). Other users' routes are kept even
+// during a reconnect storm. Changes are remembered only during a lookup,
+// so the set is empty again whenever none runs.
 func (f *Fanout) keepRelayRoutes(users []string, byUser map[string][]route.Entry, now time.Time) {
 	f.rmu.Lock()
 	defer f.rmu.Unlock()

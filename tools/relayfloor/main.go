@@ -66,7 +66,7 @@ func main() {
 	flag.Parse()
 	var err error
 	if *role == "typist" {
-		err = type_(cfg)
+		err = typists(cfg)
 	} else {
 		err = relayRun(cfg)
 	}
@@ -259,8 +259,8 @@ func relayRun(cfg config) error {
 	return nil
 }
 
-// type_ connects every device and writes frames until killed.
-func type_(cfg config) error {
+// typists connects every device and writes frames until killed.
+func typists(cfg config) error {
 	groups := members(cfg)
 	mine := make([][]uint32, cfg.devices)
 	for g, ms := range groups {
