@@ -17,6 +17,7 @@ import (
 // readsOf is what a device receives on a raw socket: the frames of each
 // read system call separately.
 type readsOf struct {
+	conn   net.Conn
 	frames chan []wire.Message // one slice per read
 }
 
@@ -32,7 +33,7 @@ func dialCounting(t *testing.T, env *parleytest.Env, dev parleytest.Device) read
 	if _, err := nc.Write(mustFrame(t, wire.Request{T: wire.TAuth, Rid: "a", Device: dev.ID, Token: dev.Token})); err != nil {
 		t.Fatal(err)
 	}
-	r := readsOf{frames: make(chan []wire.Message, 1024)}
+	r := readsOf{conn: nc, frames: make(chan []wire.Message, 1024)}
 	go func() {
 		defer close(r.frames)
 		var pending []byte
@@ -151,5 +152,52 @@ func TestPushCoalesce(t *testing.T) {
 	rd.pushesIn(t, small, r.Seq, 1, 5*time.Second)
 	if d := time.Since(start); d > period/2 {
 		t.Fatalf("small conversation's push took %s: held for coalescing", d)
+	}
+}
+
+// TestOneWritePerLoopPass: frames queued for a connection before the
+// event loop writes its outbox go out in one write. Twenty pings sent in
+// one write are answered by the loop as it reads them; their twenty pongs
+// must arrive in one read (with the outbox handed to the loop when the
+// first pong was queued, the other nineteen took a second write).
+func TestOneWritePerLoopPass(t *testing.T) {
+	env := startEnv(t, nil)
+	dev := newUser(t, env, "ow")
+	rd := dialCounting(t, env, dev)
+	for ms := range rd.frames {
+		if len(ms) > 0 && ms[len(ms)-1].T == wire.TAuthOK {
+			break
+		}
+	}
+	const n = 20
+	for round := 0; round < 5; round++ {
+		var batch []byte
+		for i := 0; i < n; i++ {
+			batch = append(batch, mustFrame(t, wire.Request{T: wire.TPing, Rid: fmt.Sprintf("p%d.%d", round, i)})...)
+		}
+		if _, err := rd.conn.Write(batch); err != nil {
+			t.Fatal(err)
+		}
+		pongs, reads := 0, 0
+		deadline := time.After(5 * time.Second)
+		for pongs < n {
+			select {
+			case ms, ok := <-rd.frames:
+				if !ok {
+					t.Fatal("connection closed")
+				}
+				reads++
+				for _, m := range ms {
+					if m.T == wire.TPong {
+						pongs++
+					}
+				}
+			case <-deadline:
+				t.Fatalf("round %d: %d of %d pongs", round, pongs, n)
+			}
+		}
+		if reads != 1 {
+			t.Fatalf("round %d: %d pongs came in %d reads, not one write", round, n, reads)
+		}
 	}
 }

@@ -2,8 +2,9 @@
 // clients' long-lived TCP connections. The event loop only frames and
 // decodes (it never blocks on a store); each connection's requests run in
 // order on a goroutine that exists only while the connection has work;
-// replies and pushes reach the loop through a per-connection outbox that
-// coalesces frames into one AsyncWrite and is bounded, so a slow device
+// replies and pushes reach the loop through a per-connection outbox, taken
+// whole when the loop writes it (so frames queued meanwhile share one
+// write), and bounded, so a slow device
 // gets a hint instead of pushes, and is disconnected if it stops reading
 // altogether.
 package conn

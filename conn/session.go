@@ -76,11 +76,12 @@ type Session struct {
 	omu        sync.Mutex
 	out        []byte
 	spare      []byte
-	scheduled  bool             // an AsyncWrite of this outbox is queued on the loop
-	coalescing uint8            // the coalescers (their bits) s is queued in for a flush
-	behind     map[string]int64 // conv -> newest seq dropped for this slow device: owes a hint
-	kick       bool             // close once the outbox is written
-	backlog    int              // bytes gnet still held at the last flush
+	scheduled  bool               // flushOnLoop is queued on the loop (or running)
+	flushFn    gnet.AsyncCallback // s.flushOnLoop, made once
+	coalescing uint8              // the coalescers (their bits) s is queued in for a flush
+	behind     map[string]int64   // conv -> newest seq dropped for this slow device: owes a hint
+	kick       bool               // close once the outbox is written
+	backlog    int                // bytes gnet still held at the last flush
 
 	redelivery redelivery // guarded by omu
 	// known: conv -> the newest seq this connection was pushed or given
@@ -112,6 +113,7 @@ var sessionIDs atomic.Uint64
 func newSession(g *Gateway, c gnet.Conn, addr netip.Addr, ws bool) *Session {
 	now := time.Now()
 	s := &Session{g: g, c: c, opened: now, id: sessionIDs.Add(1), addr: addr}
+	s.flushFn = s.flushOnLoop
 	if ws {
 		s.ws = &wsConn{}
 	}
@@ -287,9 +289,8 @@ func (s *Session) write(frame []byte, conv string, seq int64, c *coalescer, now 
 
 // queueLocked appends frame to the outbox and schedules a flush on the
 // loop, or, with a coalescer c, leaves that to c's flush: the frame waits
-// for it with whatever else this device is given until then (if an
-// AsyncWrite is in flight, its completion flushes the outbox anyway: see
-// written). s.omu is held.
+// for it with whatever else this device is given until then (if a write
+// is scheduled, the frame goes with it: see flushOnLoop). s.omu is held.
 func (s *Session) queueLocked(frame []byte, c *coalescer) {
 	s.out = append(s.out, frame...)
 	if c != nil && !s.scheduled {
@@ -341,77 +342,107 @@ func (s *Session) knows(conv string, seq int64) bool {
 	return ok && seq <= k
 }
 
-// flushLocked schedules an AsyncWrite of the outbox if none is queued.
+// flushLocked schedules a write of the outbox on the event loop unless
+// one is scheduled. The outbox is taken when the loop gets to it
+// (flushOnLoop), not now: whatever this connection is given until then
+// (the rest of a commit batch's replies and pushes, say) goes out in the
+// same write, and a write costs about the same whatever its size.
 func (s *Session) flushLocked() {
 	if s.scheduled || (len(s.out) == 0 && !s.wsClosePending()) {
 		return
 	}
-	var data []byte
-	if s.ws != nil {
-		// Each frame becomes one binary message; a final frame is
-		// followed by the close frame.
-		if s.ws.closeSent {
-			s.out = s.out[:0]
-			return
-		}
-		// In place when it can (as on TCP, one buffer is written while
-		// the other fills), else into the spare buffer.
-		var inPlace bool
-		if data, inPlace = wsMessagesInPlace(s.out); inPlace {
-			s.out, s.spare = s.spare[:0], nil
-		} else {
-			data = appendWSMessages(s.spare[:0], s.out)
-			s.out, s.spare = s.out[:0], nil
-		}
-		if s.kick && s.ws.closeCode != 0 {
-			data = appendWSClose(data, s.ws.closeCode)
-			s.ws.closeSent = true
-		}
-	} else {
-		data = s.out
-		s.out, s.spare = s.spare[:0], nil
-	}
+	s.schedule()
+}
+
+// schedule queues flushOnLoop on the event loop. An AsyncWritev of nothing
+// makes no system call before its callback. s.omu is held.
+func (s *Session) schedule() {
 	s.scheduled = true
-	if err := s.c.AsyncWrite(data, s.written(data)); err != nil {
+	if err := s.c.AsyncWritev(nil, s.flushFn); err != nil {
 		s.scheduled = false
 	}
 }
 
-// written returns the AsyncWrite callback: it runs on the event loop after
-// data went to gnet's outbound buffer, records the backlog, and flushes
-// whatever was queued meanwhile (and owed hints once the device caught up).
-func (s *Session) written(data []byte) gnet.AsyncCallback {
-	return func(c gnet.Conn, err error) error {
-		s.omu.Lock()
-		defer s.omu.Unlock()
-		s.scheduled = false
-		s.spare = data[:0]
-		if err != nil {
-			s.out = nil
+// takeLocked hands over the outbox's bytes as they go on the wire (a
+// WebSocket's as binary messages, then its close frame if one is due),
+// swapping in the spare buffer so frames queued meanwhile do not touch
+// them; nil if there is nothing to write. s.omu is held.
+func (s *Session) takeLocked() []byte {
+	if s.ws == nil {
+		if len(s.out) == 0 {
 			return nil
 		}
-		s.backlog = c.OutboundBuffered()
-		if s.behind != nil && len(s.out)+s.backlog <= s.g.cfg.MaxOutbound/2 {
-			for conv, head := range s.behind {
-				if f, err := wire.AppendFrame(nil, wire.Hint{T: wire.THint, Conv: conv, Head: head}); err == nil {
-					s.out = append(s.out, f...)
-				}
-			}
-			s.behind = nil
-		}
-		if len(s.out) > 0 || s.wsClosePending() {
-			s.flushLocked()
-			if s.scheduled {
-				return nil // this write's completion goes on from here
-			}
-			// Nothing was written (a WebSocket that sent its close frame
-			// drops what came after it).
-		}
-		if s.kick {
-			_ = c.Close()
-		}
+		data := s.out
+		s.out, s.spare = s.spare[:0], nil
+		return data
+	}
+	if s.ws.closeSent {
+		s.out = s.out[:0] // nothing follows the close frame
 		return nil
 	}
+	if len(s.out) == 0 && !s.wsClosePending() {
+		return nil
+	}
+	// In place when it can (as on TCP, one buffer is written while the
+	// other fills), else into the spare buffer.
+	data, inPlace := wsMessagesInPlace(s.out)
+	if inPlace {
+		s.out, s.spare = s.spare[:0], nil
+	} else {
+		data = appendWSMessages(s.spare[:0], s.out)
+		s.out, s.spare = s.out[:0], nil
+	}
+	if s.kick && s.ws.closeCode != 0 {
+		data = appendWSClose(data, s.ws.closeCode)
+		s.ws.closeSent = true
+	}
+	return data
+}
+
+// flushOnLoop is the scheduled write: it runs on the event loop, takes the
+// outbox and writes it (what the socket does not take waits in gnet's
+// outbound buffer), records the backlog, queues the hints owed once the
+// device caught up, and schedules itself again if frames arrived during
+// the write.
+func (s *Session) flushOnLoop(c gnet.Conn, err error) error {
+	s.omu.Lock()
+	var data []byte
+	if err == nil {
+		data = s.takeLocked()
+	}
+	s.omu.Unlock()
+	if len(data) > 0 {
+		_, err = c.Write(data)
+	}
+	s.omu.Lock()
+	defer s.omu.Unlock()
+	s.scheduled = false
+	if data != nil {
+		s.spare = data[:0]
+	}
+	if err != nil {
+		s.out = nil
+		return nil
+	}
+	s.backlog = c.OutboundBuffered()
+	if s.behind != nil && len(s.out)+s.backlog <= s.g.cfg.MaxOutbound/2 {
+		for conv, head := range s.behind {
+			if f, err := wire.AppendFrame(nil, wire.Hint{T: wire.THint, Conv: conv, Head: head}); err == nil {
+				s.out = append(s.out, f...)
+			}
+		}
+		s.behind = nil
+	}
+	if len(s.out) > 0 || s.wsClosePending() {
+		s.schedule()
+		if s.scheduled {
+			return nil // the next write goes on from here
+		}
+	}
+	if s.kick {
+		_ = c.Close()
+	}
+	return nil
 }
 
 // probe asks the loop for the current backlog of a device that owes
@@ -422,10 +453,7 @@ func (s *Session) probe() {
 	if s.behind == nil || s.scheduled {
 		return
 	}
-	s.scheduled = true
-	if err := s.c.Wake(s.written(nil)); err != nil {
-		s.scheduled = false
-	}
+	s.schedule() // writes nothing new, and records the backlog
 }
 
 // kickOut sends {t:"kick", reason} and closes the connection after it.
