@@ -197,9 +197,14 @@ type pendingDense struct {
 // conversation writes its conversations row and its senders' bucket rows
 // (WAL, dead tuples), whatever the number of events it passes: advancing
 // every second a conversation that gets a message a second wrote those
-// rows once per message. Below the watermark unread counting is a
-// subtraction; above it, the events are counted one by one, which stays
-// cheap for this many.
+// rows once per message (about 700 bytes of WAL per advance with its
+// bucket rows). Below the watermark unread counting is a subtraction;
+// above it, the events are counted one by one, which stays cheap for
+// this many: never more than denseBatch, whatever the age. The age bounds
+// how long a conversation stays in the dirty map: 30 s instead of 10 cut
+// the advance's WAL for conversations that get a message a second from
+// about 70 to about 24 bytes per message (BENCHMARKS.md, 2026-12-03),
+// for a map of the conversations active in the last 30 s.
 //
 // The advance by age is background work: while the gateway is
 // backlogged (a reconnect storm), conversations wait until they are
@@ -210,8 +215,8 @@ type pendingDense struct {
 // a conversation with denseBatch events above it is advanced anyway.
 const (
 	denseBatch    = 64
-	denseMaxAge   = 10 * time.Second
-	denseDeferMax = 30 * time.Second
+	denseMaxAge   = 30 * time.Second
+	denseDeferMax = 90 * time.Second
 )
 
 func (f *Fanout) markDirty(evs []eventlog.Committed) {
