@@ -201,10 +201,11 @@ type pendingDense struct {
 // bucket rows). Below the watermark unread counting is a subtraction;
 // above it, the events are counted one by one, which stays cheap for
 // this many: never more than denseBatch, whatever the age. The age bounds
-// how long a conversation stays in the dirty map: 30 s instead of 10 cut
-// the advance's WAL for conversations that get a message a second from
-// about 70 to about 24 bytes per message (BENCHMARKS.md, 2026-12-03),
-// for a map of the conversations active in the last 30 s.
+// how long a conversation stays in the dirty map. For conversations that
+// get a message a second, 30 s instead of 10 means about 24 bytes of the
+// advance's WAL per message instead of 70 (measured over 40 s runs: 51
+// and 65 against 17, BENCHMARKS.md, 2026-12-03), for a map of the
+// conversations active in the last 30 s.
 //
 // The advance by age is background work: while the gateway is
 // backlogged (a reconnect storm), conversations wait until they are
