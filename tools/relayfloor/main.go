@@ -12,8 +12,10 @@
 // Devices are in groups of -size, -groups per device on average, as
 // `parley-load typing` sets them up. The relay appends each frame to the
 // outboxes of the group's other members, and every -coalesce a ticker
-// goroutine hands each non-empty outbox to gnet's AsyncWrite, as the
-// gateway's relay_coalesce flush does. After -warmup it reports, over
+// goroutine hands each non-empty outbox to gnet's AsyncWrite: one write
+// per device and flush, as many as the gateway's relay_coalesce flush
+// makes (its loop takes the outbox when it writes; the count is the
+// same). After -warmup it reports, over
 // -duration, its own CPU (user and system) per frame read and per frame
 // relayed, and the system calls it made (/proc/self/io). Pin it to
 // another core than the typists:
