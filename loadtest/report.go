@@ -242,8 +242,8 @@ func (rep *Report) WriteTable(w io.Writer) {
 		if wal.BytesPerSend != nil {
 			per = fmt.Sprintf("  %.0f B and %.2f records per send", *wal.BytesPerSend, *wal.RecordsPerSend)
 		}
-		fmt.Fprintf(w, "wal %d B, %d records, %d full-page images (pg_stat_wal, the whole cluster, probe included)%s\n",
-			wal.Bytes, wal.Records, wal.FPI, per)
+		fmt.Fprintf(w, "wal %d B (the insert position's advance), %d records, %d full-page images (pg_stat_wal), the whole cluster, probe included%s; LSN %s to %s\n",
+			wal.Bytes, wal.Records, wal.FPI, per, wal.StartLSN, wal.EndLSN)
 	}
 	rows := []latRow{{"send_ok_ms", rep.SendOKMs}, {"push_ms", rep.PushMs}}
 	if rep.ReadOKMs != nil && rep.ReadOKMs.Count > 0 {

@@ -25,7 +25,8 @@ CREATE TABLE events_p3 PARTITION OF events FOR VALUES WITH (MODULUS 4, REMAINDER
 INSERT INTO events SELECT * FROM events_plain;
 DROP TABLE events_plain;
 ALTER TABLE events ADD PRIMARY KEY (conv_key, seq);
-CREATE UNIQUE INDEX events_by_cmid ON events (conv_key, sender, cmid) WHERE cmid IS NOT NULL;
+CREATE UNIQUE INDEX events_by_cmid_hash ON events (conv_key, parley_cmid_hash(sender, cmid)) WHERE cmid IS NOT NULL AND cmid_collided IS NULL;
+CREATE UNIQUE INDEX events_by_cmid_collided ON events (conv_key, sender, cmid) WHERE cmid_collided;
 CREATE INDEX events_not_counted ON events (conv_key, seq) WHERE kind <> 1 OR recalled_by IS NOT NULL;
 `
 

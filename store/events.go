@@ -103,20 +103,69 @@ type InsertResult struct {
 // returned error is for the whole batch (nothing committed).
 // The insert is one statement, so the batch commits atomically in one
 // round trip.
+//
+// A message whose (sender, cmid) hashes like another (sender, cmid) of
+// the conversation (events_by_cmid_hash; about once in 2^64 pairs) is
+// stored in a second transaction, as a collided row; if that one fails,
+// so do those rows alone (their Err), the batch's others being committed.
 func (s *Store) InsertMessages(ctx context.Context, msgs []NewMessage, recipientsBelow int) ([]InsertResult, error) {
-	var res []InsertResult
-	var err error
 	// The first try is a plain INSERT: checking every unique key before
 	// inserting (ON CONFLICT DO NOTHING) costs about a third of the
 	// statement, and conflicts are rare (a client's resend of a cmid, a
 	// seq counter lost in Redis). A conflict fails the whole statement,
 	// which then runs again in the conflict-tolerant form.
-	tolerant := false
+	res, err := s.insertRetrying(ctx, msgs, recipientsBelow, insertPlain)
+	if err != nil {
+		return res, err
+	}
+	var collided []int
+	for i := range res {
+		if res[i].Err == errCmidCollided {
+			collided = append(collided, i)
+		}
+	}
+	if len(collided) == 0 {
+		return res, nil
+	}
+	again := make([]NewMessage, len(collided))
+	for j, i := range collided {
+		again[j] = msgs[i]
+	}
+	res2, err := s.insertRetrying(ctx, again, recipientsBelow, insertCollided)
+	for j, i := range collided {
+		if err != nil {
+			res[i] = InsertResult{Seq: msgs[i].Seq, Ts: msgs[i].Ts, Err: err}
+		} else {
+			res[i] = res2[j]
+		}
+	}
+	return res, nil
+}
+
+// insertMode is which form of insertMessagesSQL a try runs.
+type insertMode int
+
+const (
+	insertPlain    insertMode = iota // fails on any conflict
+	insertTolerant                   // ON CONFLICT DO NOTHING; resolveMissing explains what was not inserted
+	insertCollided                   // tolerant, and the rows are stored as cmid_collided
+)
+
+// errCmidCollided is resolveMissing's answer for a row that was not
+// inserted because another (sender, cmid) of its conversation has the
+// same parley_cmid_hash: InsertMessages stores it as a collided row.
+var errCmidCollided = errors.New("store: cmid hash taken by another cmid")
+
+// insertRetrying runs insertMessages in mode, in the tolerant form after a
+// plain one's conflict, and again after a deadlock.
+func (s *Store) insertRetrying(ctx context.Context, msgs []NewMessage, recipientsBelow int, mode insertMode) ([]InsertResult, error) {
+	var res []InsertResult
+	var err error
 	for attempt := 0; attempt < 4; attempt++ {
-		res, err = s.insertMessages(ctx, msgs, recipientsBelow, tolerant)
+		res, err = s.insertMessages(ctx, msgs, recipientsBelow, mode)
 		switch {
-		case !tolerant && isUniqueViolation(err):
-			tolerant = true
+		case mode == insertPlain && isUniqueViolation(err):
+			mode = insertTolerant
 		case !isDeadlock(err):
 			return res, err
 		}
@@ -137,8 +186,8 @@ const insertMessagesSQL = `WITH u AS (
 		FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::bytea[], $6::bigint[], $8::text[]) AS u(conv, seq, sender, cmid, body, ts, mentions)
 		CROSS JOIN LATERAL (SELECT c.conv_key, c.member_count FROM conversations c WHERE c.conv_id = u.conv LIMIT 1) c
 	), ins AS (
-		INSERT INTO events (conv_key, seq, kind, sender, cmid, body, ts, mentions)
-		SELECT u.conv_key, u.seq, 1, u.sender, u.cmid, u.body, u.ts, ` + mentionsSQL + `
+		INSERT INTO events (conv_key, seq, kind, sender, cmid, body, ts, mentions, cmid_collided)
+		SELECT u.conv_key, u.seq, 1, u.sender, u.cmid, u.body, u.ts, ` + mentionsSQL + `, %s
 		FROM u
 		WHERE coalesce((SELECT true FROM membership_periods m
 		                WHERE m.conv_id = u.conv AND m.user_id = u.sender AND m.to_seq IS NULL AND m.from_seq <= u.seq
@@ -160,11 +209,12 @@ const mutedSQL = `((coalesce(m.muted_until, 0) > u.ts AND u.seq > coalesce(m.mut
 	OR (u.seq > coalesce(m.muted_seq, 0) AND u.seq < coalesce(m.unmuted_seq, 0)))`
 
 var (
-	insertMessagesPlainSQL    = fmt.Sprintf(insertMessagesSQL, "")
-	insertMessagesTolerantSQL = fmt.Sprintf(insertMessagesSQL, "ON CONFLICT DO NOTHING")
+	insertMessagesPlainSQL    = fmt.Sprintf(insertMessagesSQL, "NULL::boolean", "")
+	insertMessagesTolerantSQL = fmt.Sprintf(insertMessagesSQL, "NULL::boolean", "ON CONFLICT DO NOTHING")
+	insertMessagesCollidedSQL = fmt.Sprintf(insertMessagesSQL, "true", "ON CONFLICT DO NOTHING")
 )
 
-func (s *Store) insertMessages(ctx context.Context, msgs []NewMessage, recipientsBelow int, tolerant bool) ([]InsertResult, error) {
+func (s *Store) insertMessages(ctx context.Context, msgs []NewMessage, recipientsBelow int, mode insertMode) ([]InsertResult, error) {
 	n := len(msgs)
 	convs, senders, cmids := make([]string, n), make([]string, n), make([]string, n)
 	bodies := make([][]byte, n)
@@ -185,8 +235,11 @@ func (s *Store) insertMessages(ctx context.Context, msgs []NewMessage, recipient
 	// same statement reads the recipients of each inserted row in a small
 	// conversation (the membership periods that contain its seq).
 	query := insertMessagesPlainSQL
-	if tolerant {
+	switch mode {
+	case insertTolerant:
 		query = insertMessagesTolerantSQL
+	case insertCollided:
+		query = insertMessagesCollidedSQL
 	}
 	type insertedRow struct {
 		members    int64
@@ -225,7 +278,7 @@ func (s *Store) insertMessages(ctx context.Context, msgs []NewMessage, recipient
 	if len(missing) > 0 {
 		// The inserted rows are committed already; explaining the others
 		// reads committed state and only adds holes, which are idempotent.
-		if err := resolveMissing(ctx, s.pool, msgs, missing, res); err != nil {
+		if err := resolveMissing(ctx, s.pool, msgs, missing, res, mode == insertCollided); err != nil {
 			return nil, err
 		}
 	}
@@ -368,8 +421,12 @@ func genericBatch(begin, lockSQL string, keys []int64, sql string, args []any) (
 	return b, before
 }
 
-// resolveMissing explains rows that InsertMessages did not insert.
-func resolveMissing(ctx context.Context, tx querier, msgs []NewMessage, missing []int, res []InsertResult) error {
+// resolveMissing explains rows that InsertMessages did not insert. The
+// original of a duplicate is looked up through events_by_cmid_hash (its
+// hash, then its sender and cmid compared) and events_by_cmid_collided;
+// a row whose hash another (sender, cmid) holds is errCmidCollided,
+// unless collided (the rows were being stored as collided ones already).
+func resolveMissing(ctx context.Context, tx querier, msgs []NewMessage, missing []int, res []InsertResult, collided bool) error {
 	idx, seqs, tss := make([]int64, len(missing)), make([]int64, len(missing)), make([]int64, len(missing))
 	convs, senders, cmids := make([]string, len(missing)), make([]string, len(missing)), make([]string, len(missing))
 	for j, i := range missing {
@@ -377,10 +434,19 @@ func resolveMissing(ctx context.Context, tx querier, msgs []NewMessage, missing 
 	}
 	rows, err := tx.Query(ctx, `SELECT u.i, e.seq, e.ts,
 			EXISTS (SELECT 1 FROM membership_periods m WHERE m.conv_id = u.conv AND m.user_id = u.sender AND m.to_seq IS NULL AND m.from_seq <= u.seq),
-			(SELECT max(coalesce(m.muted_until, 0)) FROM membership_periods m WHERE m.conv_id = u.conv AND m.user_id = u.sender AND m.to_seq IS NULL AND `+mutedSQL+`)
+			(SELECT max(coalesce(m.muted_until, 0)) FROM membership_periods m WHERE m.conv_id = u.conv AND m.user_id = u.sender AND m.to_seq IS NULL AND `+mutedSQL+`),
+			EXISTS (SELECT 1 FROM events h WHERE h.conv_key = c.conv_key AND parley_cmid_hash(h.sender, h.cmid) = parley_cmid_hash(u.sender, u.cmid)
+				AND h.cmid IS NOT NULL AND h.cmid_collided IS NULL)
 		FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::bigint[]) AS u(i, conv, sender, cmid, seq, ts)
 		LEFT JOIN conversations c ON c.conv_id = u.conv
-		LEFT JOIN events e ON e.conv_key = c.conv_key AND e.sender = u.sender AND e.cmid = u.cmid`, idx, convs, senders, cmids, seqs, tss)
+		LEFT JOIN LATERAL (
+			(SELECT e.seq, e.ts FROM events e
+			 WHERE e.conv_key = c.conv_key AND parley_cmid_hash(e.sender, e.cmid) = parley_cmid_hash(u.sender, u.cmid)
+			   AND e.cmid IS NOT NULL AND e.cmid_collided IS NULL AND e.sender = u.sender AND e.cmid = u.cmid)
+			UNION ALL
+			(SELECT e.seq, e.ts FROM events e
+			 WHERE e.conv_key = c.conv_key AND e.sender = u.sender AND e.cmid = u.cmid AND e.cmid_collided)
+			LIMIT 1) e ON true`, idx, convs, senders, cmids, seqs, tss)
 	if err != nil {
 		return err
 	}
@@ -390,7 +456,8 @@ func resolveMissing(ctx context.Context, tx querier, msgs []NewMessage, missing 
 		var seq, ts *int64
 		var member bool
 		var mutedUntil *int64 // not nil: refused by a mute (one in force, or one the seq falls in)
-		if err := rows.Scan(&i, &seq, &ts, &member, &mutedUntil); err != nil {
+		var hashTaken bool    // another row holds the cmid hash
+		if err := rows.Scan(&i, &seq, &ts, &member, &mutedUntil, &hashTaken); err != nil {
 			return err
 		}
 		m := msgs[i]
@@ -405,6 +472,8 @@ func resolveMissing(ctx context.Context, tx querier, msgs []NewMessage, missing 
 		case mutedUntil != nil:
 			res[i].Err = MutedErr(*mutedUntil)
 			holes[m.Conv] = append(holes[m.Conv], m.Seq)
+		case hashTaken && !collided: // its seq stays free for the collided insert
+			res[i].Err = errCmidCollided
 		default:
 			res[i].Err = ErrSeqTaken
 		}

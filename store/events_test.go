@@ -95,6 +95,65 @@ func TestInsertMessagesConflictsInOneBatch(t *testing.T) {
 	}
 }
 
+// The idempotency index holds a 64-bit hash of (sender, cmid), not the
+// two. Different (sender, cmid) with the same hash are still different
+// messages, each stored once, and a resend of any of them is still
+// answered with its original seq. With every hash made equal, each
+// message after a conversation's first collides.
+func TestInsertMessagesCmidHashCollisions(t *testing.T) {
+	env, st, ctx := startStore(t)
+	env.Group(t, "g", "ana", "ben") // seq 1
+	conn := pgConn(t, ctx, env)
+	if _, err := conn.Exec(ctx, `CREATE OR REPLACE FUNCTION parley_cmid_hash(p_sender text, p_cmid text) RETURNS bigint
+		LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 7::bigint $$`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `REINDEX INDEX events_by_cmid_hash`); err != nil {
+		t.Fatal(err)
+	}
+	msg := func(sender, cmid string, seq int64) store.NewMessage {
+		return store.NewMessage{Conv: "g", Sender: sender, Cmid: cmid, Body: []byte(cmid), Seq: seq, Ts: 1000 + seq}
+	}
+	type want struct {
+		seq int64
+		dup bool
+	}
+	check := func(batch string, res []store.InsertResult, err error, wants []want) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s: %v", batch, err)
+		}
+		for i, w := range wants {
+			if r := res[i]; r.Err != nil || r.Seq != w.seq || r.Dup != w.dup {
+				t.Errorf("%s, row %d: %+v; want seq %d dup %v", batch, i, r, w.seq, w.dup)
+			}
+		}
+	}
+	res, err := st.InsertMessages(ctx, []store.NewMessage{msg("ana", "a", 2), msg("ben", "b", 3), msg("ana", "c", 4)}, 100)
+	check("new", res, err, []want{{2, false}, {3, false}, {4, false}})
+	if !res[1].HaveRecipients || len(res[1].Recipients) != 2 || res[1].Members != 2 {
+		t.Errorf("a collided row's recipients: %+v", res[1])
+	}
+	res, err = st.InsertMessages(ctx, []store.NewMessage{
+		msg("ana", "a", 5),  // resend of the hashed row
+		msg("ben", "b", 6),  // resend of a collided row
+		msg("ben", "e", 7),  // new, collides
+		msg("ana", "c", 8),  // resend of a collided row
+		msg("ben", "e", 9),  // the new one again, in the same batch
+		msg("ben", "a", 10), // ana's cmid, another sender: new
+	}, 100)
+	check("resends", res, err, []want{{2, true}, {3, true}, {7, false}, {4, true}, {7, true}, {10, false}})
+
+	var msgs, collided, holes int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FILTER (WHERE e.kind = 1), count(*) FILTER (WHERE e.cmid_collided), count(*) FILTER (WHERE e.kind = 0)
+		FROM events e JOIN conversations c USING (conv_key) WHERE c.conv_id = 'g'`).Scan(&msgs, &collided, &holes); err != nil {
+		t.Fatal(err)
+	}
+	if msgs != 5 || collided != 4 || holes != 4 {
+		t.Errorf("stored %d messages (%d collided) and %d holes; want 5 (4) and 4", msgs, collided, holes)
+	}
+}
+
 // CurrentMembersOf returns each conversation's current members in one
 // statement: not those who left, nothing for a conversation without any
 // or that does not exist.
