@@ -75,7 +75,7 @@ type Config struct {
 	AdminToken string        // bearer token of the admin API
 	Rate       float64       // target sends per second, aggregate (required)
 	Duration   time.Duration // length of the send window (default 10s, at most MaxDuration)
-	Drain      time.Duration // wait after the window for replies and pushes (default 3s)
+	Drain      time.Duration // after the window, wait for replies and pushes until none arrived for this long (default 3s; 60 s in all at most)
 	// Warmup (direct, group, large, mixed): send at Rate this long before the
 	// window, then wait for its replies and pushes; latencies, rates and
 	// CPU count only the window, lost and duplicated count both.

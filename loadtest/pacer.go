@@ -141,20 +141,44 @@ func (r *runner) warmup(ctx context.Context, fire func(k, intended int64)) {
 	}
 }
 
-// drain waits up to cfg.Drain for every reply and every owed push (and,
-// in mixed, every scheduled read and its reply), and returns when it
-// stopped waiting.
+// drain waits for every reply and every owed push (and, in mixed, every
+// scheduled read and its reply) for as long as they keep coming: it gives
+// up once cfg.Drain passes with no reply, push or sync arriving, and at
+// most maxDrain (or cfg.Drain, if longer) after the window. It returns
+// when it stopped waiting. A server past its peak may still be answering
+// seconds of backlog when the window ends; a fixed wait counted what it
+// had not answered yet as lost.
 func (r *runner) drain(ctx context.Context) int64 {
-	deadline := r.clk.now() + int64(r.cfg.Drain)
-	for r.clk.now() < deadline && ctx.Err() == nil {
+	start := r.clk.now()
+	limit := start + max(int64(maxDrain), int64(r.cfg.Drain))
+	quietUntil := start + int64(r.cfg.Drain)
+	last := r.drainProgress()
+	for now := start; now < quietUntil && now < limit && ctx.Err() == nil; now = r.clk.now() {
 		if r.inflight.Load() == 0 && r.tracker.Matched() && (r.mix == nil || r.mix.idle()) {
 			if _, lost, _ := r.tracker.Check(0); lost == 0 {
 				break
 			}
 		}
 		time.Sleep(20 * time.Millisecond)
+		if p := r.drainProgress(); p != last {
+			last, quietUntil = p, r.clk.now()+int64(r.cfg.Drain)
+		}
 	}
 	return r.clk.now()
+}
+
+// maxDrain bounds how long drain waits while answers keep arriving.
+const maxDrain = 60 * time.Second
+
+// progress is what drain watches for answers arriving.
+type progress struct{ inflight, confirmed, delivered, reads int64 }
+
+func (r *runner) drainProgress() progress {
+	p := progress{r.inflight.Load(), r.tracker.confirmed.Load(), r.tracker.delivered.Load(), 0}
+	if r.mix != nil {
+		p.reads = r.mix.readsOK.Load()
+	}
+	return p
 }
 
 // syncers is how many goroutines sync hinted conversations.

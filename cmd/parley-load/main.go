@@ -51,7 +51,7 @@ func run(args []string) int {
 	fs.Float64Var(&cfg.Rate, "rate", 0, "target sends per second, `N`, aggregate over all senders (required by direct, group, large, mixed)")
 	fs.DurationVar(&cfg.Duration, "duration", 10*time.Second, "send window; idle: how long to hold the connections (at most 10m)")
 	fs.DurationVar(&cfg.Warmup, "warmup", 0, "direct, group, large, mixed: send at -rate this long first and leave it out of latencies, rates and CPU (lost and duplicated still count it)")
-	fs.DurationVar(&cfg.Drain, "drain", 3*time.Second, "after the window, wait this long at most for replies and pushes")
+	fs.DurationVar(&cfg.Drain, "drain", 3*time.Second, "after the window, wait for replies and pushes until none arrived for this long (60 s after the window at most)")
 	jsonFile := fs.String("json", "", "write the report as JSON to `FILE`")
 	cpuProfile := fs.String("cpuprofile", "", "write the tool's own CPU profile (go tool pprof) to `FILE`")
 	htmlFile := fs.String("html", "", "write the report as a self-contained HTML page with charts to `FILE`")
