@@ -287,7 +287,7 @@ func (l *Log) commitSends(items []*pendingSend) {
 			break
 		}
 		reseeded := map[string]bool{}
-		var committed []Committed
+		committed := make([]Committed, 0, len(results))
 		for i, r := range results {
 			it := todo[i]
 			if errors.Is(r.Err, store.ErrSeqTaken) {

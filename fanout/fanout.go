@@ -157,12 +157,25 @@ func (f *Fanout) Enqueue(evs []eventlog.Committed) {
 		f.queues[0] <- evs
 		return
 	}
-	parts := make([][]eventlog.Committed, len(f.queues))
-	for _, e := range evs {
+	// Each queue's part is allocated at its size: events are a few
+	// hundred bytes each, and growing the parts by appending copied them
+	// about twice over.
+	at := make([]uint32, len(evs))
+	sizes := make([]int, len(f.queues))
+	for k, e := range evs {
 		h := fnv.New32a()
 		_, _ = h.Write([]byte(e.Conv))
-		i := h.Sum32() % uint32(len(f.queues))
-		parts[i] = append(parts[i], e)
+		at[k] = h.Sum32() % uint32(len(f.queues))
+		sizes[at[k]]++
+	}
+	parts := make([][]eventlog.Committed, len(f.queues))
+	for i, n := range sizes {
+		if n > 0 {
+			parts[i] = make([]eventlog.Committed, 0, n)
+		}
+	}
+	for k, e := range evs {
+		parts[at[k]] = append(parts[at[k]], e)
 	}
 	for i, p := range parts {
 		if len(p) > 0 {
@@ -301,12 +314,28 @@ func (f *Fanout) work(queue chan []eventlog.Committed) {
 }
 
 func (f *Fanout) deliver(ctx context.Context, evs []eventlog.Committed) error {
-	var small, big []eventlog.Committed
+	// Usually every event is of one tier: then evs is passed on as it is,
+	// not copied.
+	nSmall := 0
 	for _, e := range evs {
 		if TierOf(e.Members, f.writeMax, f.onlineMax) == TierPush {
-			small = append(small, e)
-		} else {
-			big = append(big, e)
+			nSmall++
+		}
+	}
+	var small, big []eventlog.Committed
+	switch nSmall {
+	case len(evs):
+		small = evs
+	case 0:
+		big = evs
+	default:
+		small, big = make([]eventlog.Committed, 0, nSmall), make([]eventlog.Committed, 0, len(evs)-nSmall)
+		for _, e := range evs {
+			if TierOf(e.Members, f.writeMax, f.onlineMax) == TierPush {
+				small = append(small, e)
+			} else {
+				big = append(big, e)
+			}
 		}
 	}
 	var errs []error
