@@ -69,7 +69,7 @@ type Session struct {
 	// Request queue, drained by one goroutine at a time (requests of one
 	// connection are handled in order; idle connections hold none).
 	qmu     sync.Mutex
-	queue   []queued
+	queue   []*queued
 	running bool
 
 	// Outbox: frames waiting for the event loop. Guarded by omu.
@@ -132,7 +132,10 @@ func (s *Session) enqueue(req wire.Request, at time.Time) {
 		s.reply(wire.ErrorReply(req.Rid, &wire.Error{Code: wire.RateLimited, Msg: "too many requests in flight", RetryAfterMs: 100}))
 		return
 	}
-	s.queue = append(s.queue, queued{req, at})
+	// Each request is allocated once, here: the handlers keep a pointer
+	// to it (replies after a commit), so drain passes this one on rather
+	// than a copy of its own.
+	s.queue = append(s.queue, &queued{req, at})
 	if s.running {
 		s.qmu.Unlock()
 		return
@@ -152,7 +155,7 @@ func (s *Session) drain() {
 			return
 		}
 		q := s.queue[0]
-		s.queue[0] = queued{}
+		s.queue[0] = nil
 		s.queue = s.queue[1:]
 		s.qmu.Unlock()
 		s.g.handle(s, &q.req, q.at)
