@@ -456,7 +456,10 @@ func (s *Session) probe() {
 	if s.behind == nil || s.scheduled {
 		return
 	}
-	s.schedule() // writes nothing new, and records the backlog
+	// A flush like any other: it records the backlog and queues the owed
+	// hints once there is room, writing whatever frames wait in the
+	// outbox (those a coalescer holds go out with them, a little early).
+	s.schedule()
 }
 
 // kickOut sends {t:"kick", reason} and closes the connection after it.
