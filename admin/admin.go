@@ -37,6 +37,11 @@ type ModeFunc func(n int64) string
 // (fanout.Bus.Lifecycle).
 type Notify func(ctx context.Context, l fanout.Lifecycle) error
 
+// Withdraw takes devices' notification addresses out of use after a
+// change that withdrew them was committed (notify.Notifier.Withdraw):
+// when it returns nil, nothing more is sent to them by any process.
+type Withdraw func(ctx context.Context, devices []string) error
+
 // Connected returns which of user's devices have a live connection.
 type Connected func(ctx context.Context, user string) (map[string]bool, error)
 
@@ -44,6 +49,7 @@ type Connected func(ctx context.Context, user string) (map[string]bool, error)
 type API struct {
 	// Static after construction.
 	notify      Notify
+	withdraw    Withdraw
 	userDevices Connected
 	token       string
 	st          *store.Store
@@ -58,9 +64,10 @@ type API struct {
 }
 
 // New returns the handler. notify carries lifecycle changes to the
-// gateways; connected answers GET /v1/users/{id}'s connected flags.
-func New(token string, st *store.Store, log *eventlog.Log, cursors *cursor.Cursors, mode ModeFunc, notify Notify, connected Connected, logger *slog.Logger) *API {
-	a := &API{token: token, st: st, log: log, cursors: cursors, mode: mode, notify: notify, userDevices: connected, logger: logger, mux: http.NewServeMux()}
+// gateways; withdraw takes notification addresses out of use; connected
+// answers GET /v1/users/{id}'s connected flags.
+func New(token string, st *store.Store, log *eventlog.Log, cursors *cursor.Cursors, mode ModeFunc, notify Notify, withdraw Withdraw, connected Connected, logger *slog.Logger) *API {
+	a := &API{token: token, st: st, log: log, cursors: cursors, mode: mode, notify: notify, withdraw: withdraw, userDevices: connected, logger: logger, mux: http.NewServeMux()}
 	a.mux.HandleFunc("POST /v1/users", a.createUser)
 	a.mux.HandleFunc("POST /v1/devices", a.createDevice)
 	a.mux.HandleFunc("POST /v1/devices/{id}/reinstall", a.reinstall)
@@ -264,6 +271,11 @@ func (a *API) reinstall(w http.ResponseWriter, r *http.Request) {
 	}
 	if err := a.cursors.Forget(r.Context(), dev.User, id); err != nil {
 		a.logger.Warn("forgetting hot cursors after reinstall", "device", id, "err", err)
+	}
+	// The old install's registration was deleted with it.
+	if err := a.withdrawAddresses(r.Context(), id); err != nil {
+		a.fail(w, r, err)
+		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"id": id, "install_epoch": epoch})
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/parley-im/parley/fanout"
+	"github.com/parley-im/parley/store"
 	"github.com/parley-im/parley/wire"
 )
 
@@ -14,7 +15,9 @@ const notifyTimeout = 2 * time.Second
 
 // revokeDevice: DELETE /v1/devices/{id}. The device's token and any JWT
 // naming it fail from now on; its connections, on every gateway, are
-// kicked ("revoked"). Its user, read positions and messages stay.
+// kicked ("revoked"); its notification registration is deleted and,
+// once this is answered, nothing more is sent to it. Its user, read
+// positions and messages stay.
 func (a *API) revokeDevice(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	user, err := a.st.RevokeDevice(r.Context(), id)
@@ -22,7 +25,12 @@ func (a *API) revokeDevice(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, r, err)
 		return
 	}
+	err = a.withdrawAddresses(r.Context(), id)
 	a.announce(r, fanout.Lifecycle{Device: id, User: user, Reason: wire.KickRevoked})
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
 	writeJSON(w, http.StatusOK, map[string]string{"id": id})
 }
 
@@ -46,19 +54,47 @@ func (a *API) unsuspend(w http.ResponseWriter, r *http.Request) { a.setSuspended
 
 // setSuspended: POST /v1/users/{id}/suspend and /unsuspend. A suspended
 // user's connections are kicked ("suspended") and auth answers SUSPENDED;
-// admin calls that add the user to conversations still work.
+// once a suspension is answered nothing more is sent to the user's
+// devices' notification addresses (kept, for when the user is
+// unsuspended); admin calls that add the user to conversations still
+// work.
 func (a *API) setSuspended(w http.ResponseWriter, r *http.Request, suspended bool) {
 	id := r.PathValue("id")
 	if err := a.st.SetSuspended(r.Context(), id, suspended); err != nil {
 		a.fail(w, r, err)
 		return
 	}
+	var err error
+	if suspended {
+		var regs []store.Registration
+		if regs, err = a.st.UserRegistrations(r.Context(), id); err == nil {
+			devices := make([]string, len(regs))
+			for i, g := range regs {
+				devices[i] = g.Device
+			}
+			err = a.withdrawAddresses(r.Context(), devices...)
+		}
+	}
 	reason := "unsuspended"
 	if suspended {
 		reason = wire.KickSuspended
 	}
 	a.announce(r, fanout.Lifecycle{User: id, Reason: reason})
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
 	writeJSON(w, http.StatusOK, map[string]any{"id": id, "suspended": suspended})
+}
+
+// withdrawAddresses takes the devices' notification addresses out of use
+// (their change is committed): a failure leaves the request unanswered
+// as done (UNAVAILABLE), and repeating it withdraws them again.
+func (a *API) withdrawAddresses(ctx context.Context, devices ...string) error {
+	if a.withdraw == nil || len(devices) == 0 {
+		return nil
+	}
+	return a.withdraw(ctx, devices)
 }
 
 // announce tells every gateway of a change already committed. If the

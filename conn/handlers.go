@@ -73,8 +73,7 @@ func (g *Gateway) handle(s *Session, req *wire.Request, start time.Time) {
 	case wire.TNotifyRegister:
 		g.notifyRegister(ctx, s, req)
 	case wire.TNotifyUnregister:
-		err := g.deps.Store.UnregisterNotify(ctx, s.device)
-		g.answer(s, req, err, wire.NotifyUnregisterOK{T: wire.TNotifyUnregisterOK, Rid: req.Rid})
+		g.notifyUnregister(ctx, s, req)
 	case wire.TConvSettings:
 		err := g.deps.Store.SetMute(ctx, s.user, req.Conv, req.MutedUntil)
 		g.answer(s, req, err, wire.ConvSettingsOK{T: wire.TConvSettingsOK, Rid: req.Rid, Conv: req.Conv, MutedUntil: req.MutedUntil})

@@ -18,6 +18,10 @@ type Notifications interface {
 	// their devices that were notified may need a new badge. It must not
 	// block.
 	ReadAdvanced(user string)
+	// Withdraw takes the devices' notification addresses out of use
+	// after a change that withdrew them was committed; when it returns
+	// nil, nothing more is sent to them, by any process.
+	Withdraw(ctx context.Context, devices []string) error
 }
 
 // notifyRegister stores the device's notification address (replacing any
@@ -28,7 +32,21 @@ func (g *Gateway) notifyRegister(ctx context.Context, s *Session, req *wire.Requ
 		g.answer(s, req, wire.Errorf(wire.BadRequest, "provider: this server has no credentials for %s", req.Provider), nil)
 		return
 	}
-	err := g.deps.Store.RegisterNotify(ctx, store.Registration{Device: s.device, User: s.user, Provider: req.Provider,
+	replaced, err := g.deps.Store.RegisterNotify(ctx, store.Registration{Device: s.device, User: s.user, Provider: req.Provider,
 		Token: req.Token, Sandbox: req.Sandbox, RegisteredAt: time.Now().UnixMilli()})
+	if err == nil && replaced {
+		// Nothing more goes to the old token once this is answered.
+		err = g.deps.Notifications.Withdraw(ctx, []string{s.device})
+	}
 	g.answer(s, req, err, wire.NotifyRegisterOK{T: wire.TNotifyRegisterOK, Rid: req.Rid})
+}
+
+// notifyUnregister deletes the device's notification address; once it is
+// answered nothing more is sent to it.
+func (g *Gateway) notifyUnregister(ctx context.Context, s *Session, req *wire.Request) {
+	err := g.deps.Store.UnregisterNotify(ctx, s.device)
+	if err == nil && g.deps.Notifications != nil {
+		err = g.deps.Notifications.Withdraw(ctx, []string{s.device})
+	}
+	g.answer(s, req, err, wire.NotifyUnregisterOK{T: wire.TNotifyUnregisterOK, Rid: req.Rid})
 }

@@ -77,7 +77,7 @@ func newWorld(t *testing.T, provider string) *world {
 	if err := st.CreateConversation(ctx, store.MembershipChange{Conv: "g", Seq: 1, Ts: time.Now().UnixMilli()}, "group", "", []string{"ana", "ben"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := st.RegisterNotify(ctx, store.Registration{Device: "ben-d", User: "ben", Provider: provider, Token: "tok", RegisteredAt: 1}); err != nil {
+	if _, err := st.RegisterNotify(ctx, store.Registration{Device: "ben-d", User: "ben", Provider: provider, Token: "tok", RegisteredAt: 1}); err != nil {
 		t.Fatal(err)
 	}
 	return &world{st: st, rdb: rdb, prefix: prefix}
@@ -222,7 +222,7 @@ func TestHangingProviderBlocksNothing(t *testing.T) {
 	if _, _, _, err := w.st.AddMembers(ctx, &store.MembershipChange{Conv: "g", Seq: 2, Ts: time.Now().UnixMilli()}, []string{"cat"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.st.RegisterNotify(ctx, store.Registration{Device: "cat-d", User: "cat", Provider: "webhook", Token: "t", RegisteredAt: 1}); err != nil {
+	if _, err := w.st.RegisterNotify(ctx, store.Registration{Device: "cat-d", User: "cat", Provider: "webhook", Token: "t", RegisteredAt: 1}); err != nil {
 		t.Fatal(err)
 	}
 	sink := newKeySink(t)
@@ -286,7 +286,7 @@ func (w *world) addRegistered(t *testing.T, n int, provider string) []string {
 		t.Fatal(err)
 	}
 	for _, d := range devices {
-		if err := w.st.RegisterNotify(ctx, store.Registration{Device: d.ID, User: d.User, Provider: provider, Token: "t", RegisteredAt: 1}); err != nil {
+		if _, err := w.st.RegisterNotify(ctx, store.Registration{Device: d.ID, User: d.User, Provider: provider, Token: "t", RegisteredAt: 1}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -338,7 +338,7 @@ func TestHangingProviderQueueFull(t *testing.T) {
 	if _, _, _, err := w.st.AddMembers(ctx, &store.MembershipChange{Conv: "g", Seq: 3, Ts: time.Now().UnixMilli()}, []string{"cat"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.st.RegisterNotify(ctx, store.Registration{Device: "cat-d", User: "cat", Provider: "webhook", Token: "t", RegisteredAt: 1}); err != nil {
+	if _, err := w.st.RegisterNotify(ctx, store.Registration{Device: "cat-d", User: "cat", Provider: "webhook", Token: "t", RegisteredAt: 1}); err != nil {
 		t.Fatal(err)
 	}
 	sink := newKeySink(t)

@@ -73,6 +73,10 @@ type Notifier struct {
 	m         *metrics
 	providers map[string]*pool
 	online    Online
+	// boot prefixes this process's send ids in the devices' gates
+	// (gate.go); sends counts them.
+	boot  string
+	sends atomic.Uint64
 
 	// Events and read advances waiting to be queued (intakeLoop); nil
 	// when no provider is configured.
@@ -147,6 +151,9 @@ func (p *pool) offer(t task, wait *time.Duration, stop <-chan struct{}) bool {
 type task struct {
 	j job
 	n Notification
+	// fence: the device's fence read before its registration (gate.go);
+	// sendID names this attempt in the device's gate.
+	fence, sendID string
 }
 
 type result struct {
@@ -154,6 +161,9 @@ type result struct {
 	provider string
 	token    string
 	err      error
+	// device and sendID: the send's mark in the device's gate, to
+	// remove once the outcome is recorded ("": it never entered).
+	device, sendID string
 }
 
 // New returns a notifier sending through providers (by Name); Start
@@ -175,7 +185,7 @@ func New(st *store.Store, rdb redis.UniversalClient, cfg Config, providers []Pro
 		cfg.Poll = 20 * time.Millisecond
 	}
 	n := &Notifier{st: st, rdb: rdb, q: newQueue(rdb, cfg.Prefix, cfg.Shards), cfg: cfg, log: log,
-		m: newMetrics(reg), providers: map[string]*pool{}, online: online,
+		m: newMetrics(reg), providers: map[string]*pool{}, online: online, boot: newBootID(),
 		stop: make(chan struct{})}
 	for _, p := range providers {
 		n.providers[p.Name()] = &pool{p: p, tasks: make(chan task, cfg.Concurrency*8)}
@@ -767,7 +777,13 @@ func (n *Notifier) dispatch(ctx context.Context, jobs []*job) []done {
 		}
 	}
 	fin := make([]done, 0)
-	regs, err := n.st.NotifyRegistrations(ctx, devices)
+	// The fences first: a withdrawal committed after they were read
+	// stops these sends at the gate (gate.go).
+	fences, err := n.fences(ctx, devices)
+	var regs map[string]store.Registration
+	if err == nil {
+		regs, err = n.st.NotifyRegistrations(ctx, devices)
+	}
 	var delivered map[store.DeviceConv]int64
 	var badges map[string]int64
 	if err == nil && len(pairs) > 0 {
@@ -809,7 +825,7 @@ func (n *Notifier) dispatch(ctx context.Context, jobs []*job) []done {
 			continue
 		}
 		badge := min(badges[j.Body.User], n.cfg.BadgeMax)
-		t := task{j: *j, n: Notification{Device: reg.Device, User: reg.User, Token: reg.Token, Sandbox: reg.Sandbox,
+		t := task{j: *j, fence: fences[reg.Device], n: Notification{Device: reg.Device, User: reg.User, Token: reg.Token, Sandbox: reg.Sandbox,
 			Conv: j.Body.Conv, Seq: j.Seq, Badge: badge, Ts: j.Ts}}
 		switch j.ID[0] {
 		case jobMsg:
@@ -843,12 +859,21 @@ func (n *Notifier) sendLoop(p *pool) {
 	defer n.senders.Done()
 	for t := range p.tasks {
 		ctx, cancel := context.WithTimeout(context.Background(), n.cfg.Timeout)
-		err := p.p.Send(ctx, &t.n)
+		t.sendID = n.newSendID()
+		err := n.enter(ctx, &t)
+		entered := err == nil
+		if entered {
+			err = p.p.Send(ctx, &t.n)
+		}
 		cancel()
 		if n.beforeFinish != nil && !n.beforeFinish(&t.j, err) {
 			continue
 		}
-		n.results <- result{j: t.j, provider: p.p.Name(), token: t.n.Token, err: err}
+		r := result{j: t.j, provider: p.p.Name(), token: t.n.Token, err: err}
+		if entered {
+			r.device, r.sendID = t.n.Device, t.sendID
+		}
+		n.results <- r
 	}
 }
 
@@ -905,6 +930,13 @@ func (n *Notifier) record(batch []result) {
 			fin = append(fin, done{Job: j, Outcome: outcomeSent, At: now})
 			continue
 		}
+		if errors.Is(r.err, errWithdrawn) {
+			// Prepared from a registration withdrawn or replaced since:
+			// prepared again now, from what is registered (if anything).
+			n.m.skipped.WithLabelValues("withdrawn").Inc()
+			fin = append(fin, done{Job: j, Outcome: outcomeRetry, At: now})
+			continue
+		}
 		reason, after := reasonOf(r.err)
 		n.m.failed.WithLabelValues(r.provider, reason).Inc()
 		switch reason {
@@ -933,19 +965,20 @@ func (n *Notifier) record(batch []result) {
 	if err := n.q.finish(ctx, fin, n.cfg.Delay, n.keep()); err != nil {
 		n.log.Warn("recording notification outcomes; the jobs will be claimed again", "jobs", len(fin), "err", err)
 	}
-	if len(notified) > 0 {
-		// Which conversations each device was notified of, for badges.
-		_, err := n.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for _, j := range notified {
-				k := n.notifiedKey(j.Body.Device)
-				p.SAdd(ctx, k, j.Body.Conv)
-				p.PExpire(ctx, k, n.keep())
-			}
-			return nil
-		})
-		if err != nil {
-			n.log.Debug("recording notified conversations", "err", err)
+	// The sends leave their devices' gates (withdrawals wait for that),
+	// and which conversations each device was notified of is kept, for
+	// badges (an empty pipeline sends nothing).
+	_, err := n.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		n.leave(ctx, p, batch)
+		for _, j := range notified {
+			k := n.notifiedKey(j.Body.Device)
+			p.SAdd(ctx, k, j.Body.Conv)
+			p.PExpire(ctx, k, n.keep())
 		}
+		return nil
+	})
+	if err != nil {
+		n.log.Debug("recording sends ended and notified conversations (a withdrawal waits for the marks to expire)", "err", err)
 	}
 }
 

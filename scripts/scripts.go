@@ -40,6 +40,10 @@ var (
 	notifyClaimSrc string
 	//go:embed notify_done.lua
 	notifyDoneSrc string
+	//go:embed notify_gate.lua
+	notifyGateSrc string
+	//go:embed notify_fence.lua
+	notifyFenceSrc string
 	//go:embed receipt_gate.lua
 	receiptGateSrc string
 )
@@ -55,11 +59,15 @@ var (
 	NotifyPut   = redis.NewScript(notifyPutSrc)
 	NotifyClaim = redis.NewScript(notifyClaimSrc)
 	NotifyDone  = redis.NewScript(notifyDoneSrc)
+	// A device's notification gate: sends enter it, withdrawals of the
+	// device's address move its fence and wait for the sends in flight.
+	NotifyGate  = redis.NewScript(notifyGateSrc)
+	NotifyFence = redis.NewScript(notifyFenceSrc)
 	// ReceiptGate coalesces read receipts per (conversation, user).
 	ReceiptGate = redis.NewScript(receiptGateSrc)
 )
 
-var all = []*redis.Script{SeqAlloc, SeqFloor, HashMax, RouteSet, RouteDel, NotifyPut, NotifyClaim, NotifyDone, ReceiptGate}
+var all = []*redis.Script{SeqAlloc, SeqFloor, HashMax, RouteSet, RouteDel, NotifyPut, NotifyClaim, NotifyDone, NotifyGate, NotifyFence, ReceiptGate}
 
 // Load loads every script into Redis. On a cluster it loads them into
 // every master (it fails if one cannot be reached: EVALSHA goes there) and,

@@ -385,7 +385,7 @@ func (s *Server) Start(ctx context.Context) error {
 	userDevices := func(ctx context.Context, user string) (map[string]bool, error) {
 		return s.connectedDevices(ctx, []string{user})
 	}
-	api := admin.New(s.cfg.AdminToken, s.st, s.events, s.cursors, mode, s.bus.Lifecycle, userDevices, s.log)
+	api := admin.New(s.cfg.AdminToken, s.st, s.events, s.cursors, mode, s.bus.Lifecycle, s.notify.Withdraw, userDevices, s.log)
 	api.Connected(func(ctx context.Context, user, device string) (bool, error) {
 		on, err := s.connectedDevices(ctx, []string{user})
 		return on[device], err

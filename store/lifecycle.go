@@ -56,12 +56,14 @@ func (s *Store) ProvisionDevices(ctx context.Context, logins []NewLogin) error {
 }
 
 // RevokeDevice revokes a device for good: its static token is dropped and
-// nothing authenticates it any more; the row stays, so that the id cannot
-// be provisioned again by a JWT. Revoking a revoked device changes
-// nothing. It returns the device's user, or ErrNotFound.
+// nothing authenticates it any more, and its notification registration is
+// deleted; the row stays, so that the id cannot be provisioned again by a
+// JWT. Revoking a revoked device changes nothing. It returns the device's
+// user, or ErrNotFound.
 func (s *Store) RevokeDevice(ctx context.Context, id string) (string, error) {
 	var user string
-	err := s.pool.QueryRow(ctx, `UPDATE devices SET revoked_at = coalesce(revoked_at, now()), token_sha256 = '\x'::bytea
+	err := s.pool.QueryRow(ctx, `WITH r AS (DELETE FROM notify_registrations WHERE device_id = $1)
+		UPDATE devices SET revoked_at = coalesce(revoked_at, now()), token_sha256 = '\x'::bytea
 		WHERE device_id = $1 RETURNING user_id`, id).Scan(&user)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return "", ErrNotFound

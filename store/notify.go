@@ -18,17 +18,22 @@ type Registration struct {
 }
 
 // RegisterNotify stores r as its device's registration, replacing any
-// earlier one. ErrNotFound if the device does not exist.
-func (s *Store) RegisterNotify(ctx context.Context, r Registration) error {
-	_, err := s.pool.Exec(ctx, `INSERT INTO notify_registrations (device_id, user_id, provider, token, sandbox, registered_at)
-		VALUES ($1, $2, $3, $4, $5, $6)
-		ON CONFLICT (device_id) DO UPDATE SET user_id = excluded.user_id, provider = excluded.provider, token = excluded.token,
-			sandbox = excluded.sandbox, registered_at = excluded.registered_at`,
-		r.Device, r.User, r.Provider, r.Token, r.Sandbox, r.RegisteredAt)
+// earlier one, and reports whether it replaced a registration with
+// another address (provider, token or environment): the old address must
+// then be withdrawn (notify.Notifier.Withdraw). ErrNotFound if the device
+// does not exist.
+func (s *Store) RegisterNotify(ctx context.Context, r Registration) (replaced bool, err error) {
+	err = s.pool.QueryRow(ctx, `WITH old AS (SELECT provider, token, sandbox FROM notify_registrations WHERE device_id = $1),
+		up AS (INSERT INTO notify_registrations (device_id, user_id, provider, token, sandbox, registered_at)
+			VALUES ($1, $2, $3, $4, $5, $6)
+			ON CONFLICT (device_id) DO UPDATE SET user_id = excluded.user_id, provider = excluded.provider, token = excluded.token,
+				sandbox = excluded.sandbox, registered_at = excluded.registered_at)
+		SELECT coalesce((SELECT provider <> $3 OR token <> $4 OR sandbox <> $5 FROM old), false)`,
+		r.Device, r.User, r.Provider, r.Token, r.Sandbox, r.RegisteredAt).Scan(&replaced)
 	if isForeignKeyViolation(err) {
-		return ErrNotFound
+		return false, ErrNotFound
 	}
-	return err
+	return replaced, err
 }
 
 // UnregisterNotify deletes the device's registration, if any.
@@ -46,10 +51,16 @@ func (s *Store) DropNotifyToken(ctx context.Context, device, token string) (bool
 }
 
 // NotifyRegistrations returns the registrations of the devices among
-// devices that have one, by device id.
+// devices that have one, by device id: only those that may be used now,
+// of devices not revoked and users not suspended. Every notification is
+// sent with the registration read here just before (docs/notifications.md,
+// "Withdrawing an address").
 func (s *Store) NotifyRegistrations(ctx context.Context, devices []string) (map[string]Registration, error) {
-	rows, err := s.pool.Query(ctx, `SELECT device_id, user_id, provider, token, sandbox, registered_at
-		FROM notify_registrations WHERE device_id = ANY($1)`, devices)
+	rows, err := s.pool.Query(ctx, `SELECT r.device_id, r.user_id, r.provider, r.token, r.sandbox, r.registered_at
+		FROM notify_registrations r
+		JOIN devices d ON d.device_id = r.device_id AND d.revoked_at IS NULL
+		JOIN users u ON u.user_id = r.user_id AND NOT u.suspended
+		WHERE r.device_id = ANY($1)`, devices)
 	if err != nil {
 		return nil, err
 	}
@@ -165,7 +176,9 @@ type RecallInfo struct {
 }
 
 // RecallTargets reads the recall event at (conv, seq). ErrNotFound if it
-// is not a recall.
+// is not a recall. Its devices are those of users whose membership
+// periods contain both the recalled message and the recall: a user who
+// left in between is told nothing of events after they left.
 func (s *Store) RecallTargets(ctx context.Context, conv string, seq int64) (RecallInfo, error) {
 	var ri RecallInfo
 	err := s.pool.QueryRow(ctx, `SELECT coalesce(e.target, 0) FROM conversations c JOIN events e ON e.conv_key = c.conv_key
@@ -178,7 +191,7 @@ func (s *Store) RecallTargets(ctx context.Context, conv string, seq int64) (Reca
 	}
 	rows, err := s.pool.Query(ctx, `SELECT r.device_id, r.user_id, r.provider, r.token, r.sandbox, r.registered_at
 		FROM membership_periods m JOIN notify_registrations r ON r.user_id = m.user_id
-		WHERE m.conv_id = $1 AND m.from_seq <= $2 AND (m.to_seq IS NULL OR m.to_seq >= $2)`, conv, ri.Target)
+		WHERE m.conv_id = $1 AND m.from_seq <= $2 AND (m.to_seq IS NULL OR m.to_seq >= $3)`, conv, ri.Target, seq)
 	if err != nil {
 		return ri, err
 	}

@@ -55,7 +55,7 @@ func TestNotifyTargets(t *testing.T) {
 		t.Fatalf("devices %v (%v)", devs, rows.Err())
 	}
 	for _, u := range []string{"ana", "ben", "cy"} {
-		if err := st.RegisterNotify(ctx, store.Registration{Device: devs[u], User: u, Provider: "webhook", Token: "t-" + u, RegisteredAt: 1}); err != nil {
+		if _, err := st.RegisterNotify(ctx, store.Registration{Device: devs[u], User: u, Provider: "webhook", Token: "t-" + u, RegisteredAt: 1}); err != nil {
 			t.Fatal(err)
 		}
 	}
