@@ -9,8 +9,11 @@
 // encoded once and handed to the gateways holding the devices: directly
 // to this process's gateway, through Redis pub/sub (Bus) to the others.
 //
-// Per-member conversation rows (Rows) are the durable half: jobs go to a
-// Redis Stream read by a consumer group, reclaimed from dead workers.
+// Per-member conversation rows (Rows) order convs: those of push-tier
+// events are written when they are committed, before anyone is told of
+// them (a reply or a push), so that a convs that follows orders by them;
+// writes that fail go to a Redis Stream read by a consumer group,
+// reclaimed from dead workers.
 //
 // Pushes are hints with payload: a push that is lost (a gateway died, a
 // device was too slow) is repaired by the client's sync. Fan-out never
@@ -149,9 +152,13 @@ func (f *Fanout) Start(local Local) {
 	go f.notifyLoop()
 }
 
-// Enqueue queues committed events for delivery. It blocks while the queue
-// is full, which slows committers down rather than losing pushes.
+// Enqueue takes committed events (the conversation log's commit hook,
+// which runs before their senders are answered): it writes the
+// conversation rows of push-tier events, then queues the events for
+// delivery. It blocks while the queue is full, which slows committers
+// down rather than losing pushes.
 func (f *Fanout) Enqueue(evs []eventlog.Committed) {
+	f.writeRows(evs)
 	f.pending.Add(int64(len(evs)))
 	if len(f.queues) == 1 {
 		f.queues[0] <- evs
@@ -373,6 +380,10 @@ func (f *Fanout) deliverSmall(ctx context.Context, evs []eventlog.Committed) err
 			recipients[i] = rs[j]
 		}
 	}
+	if len(keys) > 0 {
+		// Their rows could not be written at the commit (writeRows).
+		defer f.queueRows(ctx, evs, recipients, at)
+	}
 	for _, e := range evs {
 		if e.Kind == store.KindLeave && e.Members < int64(f.writeMax) && e.Members+int64(len(e.Users)) >= int64(f.writeMax) {
 			// The conversation left the big tiers: its online index is
@@ -382,8 +393,6 @@ func (f *Fanout) deliverSmall(ctx context.Context, evs []eventlog.Committed) err
 			}
 		}
 	}
-	// Rows after the pushes: pushes are what a user waits for.
-	defer f.queueRows(ctx, evs, recipients)
 	userSet := map[string]bool{}
 	var users []string
 	for _, rs := range recipients {
@@ -492,22 +501,78 @@ func newFanoutMetrics(reg prometheus.Registerer) fanoutMetrics {
 	return m
 }
 
-// queueRows hands the row writes of push-tier events to the durable
-// row writers: every recipient's row of the conversation rises to the
-// event's ts.
-func (f *Fanout) queueRows(ctx context.Context, evs []eventlog.Committed, recipients [][]string) {
+// rowsTimeout bounds the row writes of one commit batch; past it they
+// are queued to the durable stream instead.
+const rowsTimeout = time.Second
+
+// writeRows writes the conversation rows of the push-tier events of a
+// commit batch (every recipient's row of the conversation rises to the
+// event's ts), in one pipeline, before the batch's senders are answered
+// and its pushes go out: a convs asked after a reply or a push orders by
+// the event (docs/fanout.md, "Conversation rows"). Messages come with
+// their recipients, read by the commit; other events' are read here (and
+// kept on the events for delivery). Writes that fail are queued to the
+// durable stream; an event whose recipients cannot be read has its rows
+// queued by delivery (deliverSmall).
+func (f *Fanout) writeRows(evs []eventlog.Committed) {
+	if f.rows == nil {
+		return
+	}
+	var keys []store.ConvSeq
+	var at []int
+	small := 0
+	for i, e := range evs {
+		if TierOf(e.Members, f.writeMax, f.onlineMax) != TierPush {
+			continue
+		}
+		small++
+		if !e.HaveRecipients {
+			keys = append(keys, store.ConvSeq{Conv: e.Conv, Seq: e.Seq})
+			at = append(at, i)
+		}
+	}
+	if small == 0 {
+		return
+	}
+	f.metrics.events.WithLabelValues(TierPush.String()).Add(float64(small))
+	ctx, cancel := context.WithTimeout(context.Background(), rowsTimeout)
+	defer cancel()
+	if len(keys) > 0 {
+		rs, err := f.st.Recipients(ctx, keys)
+		if err != nil {
+			f.log.Debug("reading recipients for rows; delivery reads them again", "err", err)
+		} else {
+			for j, i := range at {
+				evs[i].Recipients, evs[i].HaveRecipients = rs[j], true
+			}
+		}
+	}
+	jobs := make([]RowJob, 0, small)
+	writes := 0
+	for _, e := range evs {
+		if e.HaveRecipients && len(e.Recipients) > 0 && TierOf(e.Members, f.writeMax, f.onlineMax) == TierPush {
+			jobs = append(jobs, RowJob{Conv: e.Conv, Ts: e.Ts, Users: e.Recipients})
+			writes += len(e.Recipients)
+		}
+	}
+	f.metrics.rowWrites.WithLabelValues(TierPush.String()).Add(float64(writes))
+	f.rows.Write(ctx, jobs)
+}
+
+// queueRows hands the row writes of the push-tier events evs[i], i in at,
+// whose recipients delivery read, to the durable row writers.
+func (f *Fanout) queueRows(ctx context.Context, evs []eventlog.Committed, recipients [][]string, at []int) {
 	if f.rows == nil {
 		return
 	}
 	var jobs []RowJob
 	writes := 0
-	for i, e := range evs {
+	for _, i := range at {
 		if len(recipients[i]) > 0 {
-			jobs = append(jobs, RowJob{Conv: e.Conv, Ts: e.Ts, Users: recipients[i]})
+			jobs = append(jobs, RowJob{Conv: evs[i].Conv, Ts: evs[i].Ts, Users: recipients[i]})
 			writes += len(recipients[i])
 		}
 	}
-	f.metrics.events.WithLabelValues(TierPush.String()).Add(float64(len(evs)))
 	f.metrics.rowWrites.WithLabelValues(TierPush.String()).Add(float64(writes))
 	f.rows.Queue(ctx, jobs)
 }

@@ -137,6 +137,18 @@ func (r *Rows) ensureGroup(ctx context.Context) error {
 	return nil
 }
 
+// Write writes the rows of jobs now (one pipeline of ZADD GT), or, if
+// Redis fails, queues them (Queue) to be written by the stream's workers.
+func (r *Rows) Write(ctx context.Context, jobs []RowJob) {
+	if len(jobs) == 0 {
+		return
+	}
+	if err := r.apply(ctx, jobs); err != nil {
+		r.log.Debug("writing rows at the commit; queued to the stream", "err", err)
+		r.Queue(context.WithoutCancel(ctx), jobs)
+	}
+}
+
 // Queue hands jobs to the appender, which appends them to the stream
 // with others (one entry per XADD). If it is behind, Queue appends them
 // itself. If Redis cannot take them, the jobs are kept and retried.

@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/parley-im/parley/client"
 	"github.com/parley-im/parley/fanout"
 	"github.com/parley-im/parley/test/parleytest"
 	"github.com/parley-im/parley/test/testenv"
@@ -96,13 +97,14 @@ func TestConvsOrderFollowsRows(t *testing.T) {
 }
 
 // TestFaultFanoutWorkerKilledMidFanout: a fan-out that fails halfway is
-// finished by another worker and never undoes the commit. A fan-out
-// worker takes row-write entries from the stream and dies before
-// finishing them. The
-// messages stay committed, online devices still get every push, and once
-// the entries have been idle for fanout_claim_idle another worker claims
-// them and every member's row converges. Counts confirmed messages lost,
-// duplicated and out of order at the receivers: all must be 0.
+// finished by another worker and never undoes the commit. The row writes
+// at the commit fail (every member's rows key holds a string: Redis
+// answers WRONGTYPE), so they go to the durable stream; a fan-out worker
+// takes those entries and dies before finishing them. The messages stay
+// committed, online devices still get every push, and once the fault is
+// gone and the entries have been idle for fanout_claim_idle another worker
+// claims them and every member's row converges. Counts confirmed messages
+// lost, duplicated and out of order at the receivers: all must be 0.
 func TestFaultFanoutWorkerKilledMidFanout(t *testing.T) {
 	cfg := parleytest.Config(t)
 	cfg.FanoutWorkers = 0 // no reader here: the "dead" worker below takes every entry
@@ -169,6 +171,12 @@ func TestFaultFanoutWorkerKilledMidFanout(t *testing.T) {
 			}
 		}
 	}()
+	// The fault: no member's row can be written.
+	for _, u := range users {
+		if err := rdb.Set(context.Background(), rowsKey(env.Cfg.RedisPrefix, u), "not a sorted set", 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
 	var confirmed []int64
 	var lastTs int64
 	for i := 0; i < 40; i++ {
@@ -190,6 +198,11 @@ func TestFaultFanoutWorkerKilledMidFanout(t *testing.T) {
 	close(stopDead) // the worker dies holding its entries
 	if taken := <-dead; taken == 0 {
 		t.Fatal("the dying worker took no entries; the test proves nothing")
+	}
+	for _, u := range users { // the fault is gone
+		if err := rdb.Del(context.Background(), rowsKey(env.Cfg.RedisPrefix, u)).Err(); err != nil {
+			t.Fatal(err)
+		}
 	}
 	// Every member's row converges once the entries are claimed.
 	for _, u := range users {
@@ -241,5 +254,107 @@ func TestFaultFanoutWorkerKilledMidFanout(t *testing.T) {
 	t.Logf("confirmed %d messages to %d receivers: lost %d, duplicated %d, out of order %d", len(confirmed), members-1, lost, dup, reordered)
 	if lost+dup+reordered != 0 {
 		t.Fatalf("lost %d, duplicated %d, out of order %d", lost, dup, reordered)
+	}
+}
+
+// afterTs waits until the clock is past ts (Unix ms), so that the next
+// send's ts differs from it.
+func afterTs(t *testing.T, ts int64) {
+	t.Helper()
+	testenv.CheckFor(t, time.Second, time.Millisecond, func() error {
+		if now := time.Now().UnixMilli(); now <= ts {
+			return fmt.Errorf("clock at %d ms, not past %d", now, ts)
+		}
+		return nil
+	})
+}
+
+// TestConvsReflectsWhatTheCallerWasTold: convs orders by every message
+// its caller was told of: right after send_ok, the sender's and another
+// member's convs list the conversation first, and so does a third
+// member's right after the push.
+func TestConvsReflectsWhatTheCallerWasTold(t *testing.T) {
+	env := parleytest.Start(t, parleytest.Config(t))
+	ana := env.User(t, "ana", 1)
+	ben := env.User(t, "ben", 1)
+	cy := env.User(t, "cy", 1)
+	const groups = 20
+	for i := range groups {
+		env.Group(t, fmt.Sprintf("g%02d", i), "ana", "ben", "cy")
+	}
+	ca, _ := dial(t, env, ana[0])
+	cb, _ := dial(t, env, ben[0])
+	cc, frames := dial(t, env, cy[0])
+	first := func(who string, c *client.Conn, conv string) {
+		t.Helper()
+		page, err := c.Convs(ctx(t), 5, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(page.Items) == 0 || page.Items[0].Conv != conv {
+			var got []string
+			for _, it := range page.Items {
+				got = append(got, fmt.Sprintf("%s@%d", it.Conv, it.LastTs))
+			}
+			t.Fatalf("%s's convs right after %s's message: %v, want %s first", who, conv, got, conv)
+		}
+	}
+	var last int64
+	for i := range 2 * groups {
+		conv := fmt.Sprintf("g%02d", i%groups) // each time the least recent
+		afterTs(t, last)
+		m := mustSend(t, ca, conv, fmt.Sprint("m", i), []byte("x"))
+		last = m.Ts
+		first("the sender", ca, conv)
+		first("another member", cb, conv)
+		waitPush(t, frames, conv, m.Seq)
+		first("a member pushed to", cc, conv)
+	}
+}
+
+// TestConvsWalkSeesEachConversationOnce: a paged walk of 1,001
+// conversations right after a few sends, with nothing sent during the
+// walk, lists each conversation exactly once.
+func TestConvsWalkSeesEachConversationOnce(t *testing.T) {
+	env := parleytest.Start(t, parleytest.Config(t))
+	ana := env.User(t, "ana", 1)
+	ben := env.User(t, "ben", 1)
+	const n = 1001
+	var convs []map[string]any
+	for i := range n {
+		convs = append(convs, map[string]any{"id": fmt.Sprintf("c%04d", i), "kind": "group", "members": []string{"ana", "ben"}})
+	}
+	if st := env.Admin(t, "POST", "/v1/bulk/conversations", map[string]any{"conversations": convs}, nil); st != 200 && st != 201 {
+		t.Fatalf("bulk conversations: %d", st)
+	}
+	ca, _ := dial(t, env, ana[0])
+	cb, _ := dial(t, env, ben[0])
+	for round := range 5 {
+		for k := range 3 { // conversations from the bottom of the list
+			mustSend(t, ca, fmt.Sprintf("c%04d", (round*3+k)*37%n), fmt.Sprint("m", round, k), []byte("x"))
+		}
+		seen := map[string]int{}
+		cur := ""
+		for page := 0; page < 2*n/100; page++ {
+			c, err := cb.Convs(ctx(t), 0, cur) // the default page size
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, it := range c.Items {
+				seen[it.Conv]++
+			}
+			if !c.More {
+				break
+			}
+			cur = c.Cursor
+		}
+		if len(seen) != n {
+			t.Fatalf("round %d: the walk listed %d of %d conversations", round, len(seen), n)
+		}
+		for c, k := range seen {
+			if k != 1 {
+				t.Fatalf("round %d: %s listed %d times", round, c, k)
+			}
+		}
 	}
 }
