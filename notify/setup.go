@@ -1,6 +1,8 @@
 package notify
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"net"
 	"net/http"
 	"time"
@@ -8,12 +10,31 @@ import (
 	"github.com/parley-im/parley/config"
 )
 
+// HTTP/2 health checks of provider connections: a connection on which
+// nothing arrived for h2PingAfter is sent a PING, and closed when no
+// answer comes within h2PingTimeout (or a write blocks that long), so a
+// connection that died silently (a NAT or load balancer dropped it) is
+// replaced before requests wait on it for notify_timeout. On a busy
+// connection answers keep arriving and no PING is sent.
+const (
+	h2PingAfter   = 15 * time.Second
+	h2PingTimeout = 5 * time.Second
+)
+
 // HTTPClient is the client providers share: HTTP/2 where the server
-// offers it (APNs requires it), enough idle connections for
-// notify_concurrency requests per host, and timeouts so that a provider
-// that does not answer holds only its own workers.
+// offers it (APNs requires it) with health checks, enough idle
+// connections for notify_concurrency requests per host, and timeouts so
+// that a provider that does not answer holds only its own workers. It
+// trusts the system's roots (and SSL_CERT_FILE).
 func HTTPClient(cfg config.Config) *http.Client {
-	return &http.Client{Transport: &http.Transport{
+	return httpClient(cfg, nil, h2PingAfter, h2PingTimeout)
+}
+
+// httpClient is HTTPClient trusting roots instead of the system's when
+// roots is not nil (tests: the fake providers' certificates), with the
+// given health-check timing.
+func httpClient(cfg config.Config, roots *x509.CertPool, pingAfter, pingTimeout time.Duration) *http.Client {
+	t := &http.Transport{
 		Proxy:                 http.ProxyFromEnvironment,
 		DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 		ForceAttemptHTTP2:     true,
@@ -22,7 +43,12 @@ func HTTPClient(cfg config.Config) *http.Client {
 		IdleConnTimeout:       90 * time.Second,
 		TLSHandshakeTimeout:   5 * time.Second,
 		ResponseHeaderTimeout: cfg.NotifyTimeout,
-	}}
+		HTTP2:                 &http.HTTP2Config{SendPingTimeout: pingAfter, PingTimeout: pingTimeout, WriteByteTimeout: pingTimeout},
+	}
+	if roots != nil {
+		t.TLSClientConfig = &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
+	}
+	return &http.Client{Transport: t}
 }
 
 // Providers returns the providers cfg has credentials for: the webhook
