@@ -9,8 +9,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
-	"strconv"
 	"sync"
 	"time"
 
@@ -29,9 +29,15 @@ type APNsConfig struct {
 	TTL             time.Duration
 }
 
-// apnsTokenLife is how long a provider token is used: Apple accepts one
-// for an hour and refuses refreshing it more than once in 20 minutes.
-const apnsTokenLife = 50 * time.Minute
+// Provider tokens: Apple refuses a token issued more than an hour ago
+// (403 ExpiredProviderToken) and a connection whose token changes more
+// than once in 20 minutes (429 TooManyProviderTokenUpdates). A token is
+// used for apnsTokenLife, and remade early only when Apple says it
+// expired and it is at least apnsTokenMinLife old.
+const (
+	apnsTokenLife    = 50 * time.Minute
+	apnsTokenMinLife = 20 * time.Minute
+)
 
 // APNs sends through Apple's HTTP/2 provider API with token (JWT ES256)
 // authentication.
@@ -68,22 +74,28 @@ func NewAPNs(cfg APNsConfig, client *http.Client) (*APNs, error) {
 func (a *APNs) Name() string { return "apns" }
 
 // providerToken returns the current provider token, making a new one when
-// it is older than apnsTokenLife or stale (Apple said it expired).
-func (a *APNs) providerToken(stale string) (string, error) {
+// it is older than apnsTokenLife or is stale (Apple said it expired). A
+// stale token younger than apnsTokenMinLife is not remade (Apple would
+// refuse the change): wait is then how long until it may be.
+func (a *APNs) providerToken(stale string) (tok string, wait time.Duration, err error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	now := a.now()
-	if a.token != "" && a.token != stale && now.Sub(a.madeAt) < apnsTokenLife {
-		return a.token, nil
+	age := now.Sub(a.madeAt)
+	if a.token != "" && age < apnsTokenLife && (a.token != stale || age < apnsTokenMinLife) {
+		if a.token == stale {
+			return "", apnsTokenMinLife - age, nil
+		}
+		return a.token, 0, nil
 	}
 	t := jwt.NewWithClaims(jwt.SigningMethodES256, jwt.MapClaims{"iss": a.cfg.TeamID, "iat": now.Unix()})
 	t.Header["kid"] = a.cfg.KeyID
 	s, err := t.SignedString(a.key)
 	if err != nil {
-		return "", err
+		return "", 0, err
 	}
 	a.token, a.madeAt = s, now
-	return s, nil
+	return s, 0, nil
 }
 
 // apnsID is a UUID made from the idempotency key, so every attempt at one
@@ -95,62 +107,73 @@ func apnsID(key string) string {
 	return fmt.Sprintf("%x-%x-%x-%x-%x", h[0:4], h[4:6], h[6:8], h[8:10], h[10:16])
 }
 
-// apnsPayload is the JSON body: aps for the system, parley for the app.
-func apnsPayload(n *Notification) ([]byte, string) {
-	aps := map[string]any{"badge": n.Badge}
-	pushType := "background"
-	if n.Kind == KindMsg {
-		pushType = "alert"
-		title := n.Title
-		if title == "" {
-			title = n.Sender
-		}
-		body := n.Preview
-		if body == "" {
-			body = "New message"
-			if n.Count > 1 {
-				body = strconv.FormatInt(n.Count, 10) + " new messages"
-			}
-		}
-		aps["alert"] = map[string]string{"title": title, "body": body}
-		aps["sound"] = "default"
-		aps["thread-id"] = n.Conv
-	} else {
-		aps["content-available"] = 1
+// apnsPayload is the JSON body and the push of n: aps for the system
+// (apnsPushOf), parley for the app. The title, then the preview, are cut
+// (on a character boundary, ending with "…") until the body fits Apple's
+// 4096 bytes.
+func apnsPayload(n *Notification) ([]byte, apnsPush, error) {
+	m := *n
+	build := func(title, preview string) ([]byte, apnsPush) {
+		m.Title, m.Preview = title, preview
+		p := apnsPushOf(&m)
+		return marshal(map[string]any{"aps": p.aps, "parley": m.Data()}), p
 	}
-	b, _ := json.Marshal(map[string]any{"aps": aps, "parley": n.Data()})
-	return b, pushType
+	title, preview, ok := fitText(n.Title, n.Preview, func(title, preview string) int {
+		b, _ := build(title, preview)
+		return len(b) - apnsPayloadMax
+	})
+	if !ok {
+		return nil, apnsPush{}, fmt.Errorf("the payload exceeds %d bytes without title and preview", apnsPayloadMax)
+	}
+	b, p := build(title, preview)
+	return b, p, nil
+}
+
+// apnsConfigReasons are Apple's refusals of the server's own
+// configuration (key, team, topic) rather than of the device: the
+// registration stays (a wrong apns_topic must not delete every APNs
+// registration).
+var apnsConfigReasons = map[string]bool{
+	"DeviceTokenNotForTopic": true, "BadTopic": true, "TopicDisallowed": true, "MissingTopic": true,
+	"InvalidProviderToken": true, "MissingProviderToken": true, "BadCertificate": true,
+	"BadCertificateEnvironment": true, "Forbidden": true,
 }
 
 // Send implements Provider.
 func (a *APNs) Send(ctx context.Context, n *Notification) error {
-	body, pushType := apnsPayload(n)
+	body, push, err := apnsPayload(n)
+	if err != nil {
+		return &SendError{Reason: ReasonRejected, Detail: err.Error()}
+	}
 	endpoint := a.cfg.Endpoint
 	if n.Sandbox {
 		endpoint = a.cfg.SandboxEndpoint
 	}
 	stale := ""
 	for attempt := 0; ; attempt++ {
-		tok, err := a.providerToken(stale)
+		tok, wait, err := a.providerToken(stale)
 		if err != nil {
-			return &SendError{Reason: ReasonRejected, Detail: "signing the provider token: " + err.Error()}
+			return &SendError{Reason: ReasonConfig, Detail: "signing the provider token: " + err.Error()}
 		}
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint+"/3/device/"+n.Token, bytes.NewReader(body))
+		if tok == "" {
+			return &SendError{Reason: ReasonUnavailable, Status: http.StatusForbidden, RetryAfter: wait,
+				Detail: "ExpiredProviderToken for a token younger than 20 minutes (is the clock right?)"}
+		}
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint+"/3/device/"+url.PathEscape(n.Token), bytes.NewReader(body))
 		if err != nil {
 			return &SendError{Reason: ReasonBadToken, Detail: err.Error()}
 		}
+		now := a.now()
 		req.Header.Set("authorization", "bearer "+tok)
 		req.Header.Set("apns-topic", a.cfg.Topic)
-		req.Header.Set("apns-push-type", pushType)
+		req.Header.Set("apns-push-type", push.pushType)
 		req.Header.Set("apns-id", apnsID(n.Key))
-		if pushType == "alert" {
-			req.Header.Set("apns-priority", "10")
-			req.Header.Set("apns-collapse-id", n.Conv)
-		} else {
-			req.Header.Set("apns-priority", "5")
+		req.Header.Set("apns-priority", push.priority)
+		if push.collapseID != "" {
+			req.Header.Set("apns-collapse-id", push.collapseID)
 		}
 		if a.cfg.TTL > 0 {
-			req.Header.Set("apns-expiration", strconv.FormatInt(a.now().Add(a.cfg.TTL).Unix(), 10))
+			req.Header.Set("apns-expiration", apnsExpiration(expiry(n, a.cfg.TTL, now), now))
 		}
 		req.Header.Set("content-type", "application/json")
 		resp, err := a.client.Do(req)
@@ -163,16 +186,24 @@ func (a *APNs) Send(ctx context.Context, n *Notification) error {
 			return nil
 		}
 		var reply struct {
-			Reason string `json:"reason"`
+			Reason    string `json:"reason"`
+			Timestamp int64  `json:"timestamp"` // 410: since when the token is invalid (Unix ms)
 		}
 		_ = json.Unmarshal(raw, &reply)
 		switch {
+		case resp.StatusCode == http.StatusGone && reply.Timestamp > 0 && n.RegisteredAt > reply.Timestamp:
+			// The app registered the token again after Apple found it
+			// invalid: it is valid again, only this push is lost.
+			return &SendError{Reason: ReasonRejected, Status: resp.StatusCode,
+				Detail: fmt.Sprintf("%s since %d, but registered again at %d: kept", reply.Reason, reply.Timestamp, n.RegisteredAt)}
 		case resp.StatusCode == http.StatusGone,
-			resp.StatusCode == http.StatusBadRequest && (reply.Reason == "BadDeviceToken" || reply.Reason == "Unregistered" || reply.Reason == "DeviceTokenNotForTopic"):
+			resp.StatusCode == http.StatusBadRequest && (reply.Reason == "BadDeviceToken" || reply.Reason == "Unregistered"):
 			return &SendError{Reason: ReasonBadToken, Status: resp.StatusCode, Detail: reply.Reason}
 		case resp.StatusCode == http.StatusForbidden && reply.Reason == "ExpiredProviderToken" && attempt == 0:
-			stale = tok // make a new one and try once more
+			stale = tok // make a new one (if Apple allows) and try once more
 			continue
+		case apnsConfigReasons[reply.Reason]:
+			return &SendError{Reason: ReasonConfig, Status: resp.StatusCode, Detail: reply.Reason}
 		}
 		return statusError(resp, reply.Reason)
 	}

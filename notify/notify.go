@@ -104,6 +104,8 @@ type pool struct {
 	// stuckUntil (Unix ns): the queue stayed full for a whole
 	// providerWait lately; until then dispatch does not wait for room.
 	stuckUntil atomic.Int64
+	// configLogged (Unix ns): when a configuration error was last logged.
+	configLogged atomic.Int64
 }
 
 // providerWait bounds how long one dispatch waits for room in a full
@@ -826,7 +828,7 @@ func (n *Notifier) dispatch(ctx context.Context, jobs []*job) []done {
 		}
 		badge := min(badges[j.Body.User], n.cfg.BadgeMax)
 		t := task{j: *j, fence: fences[reg.Device], n: Notification{Device: reg.Device, User: reg.User, Token: reg.Token, Sandbox: reg.Sandbox,
-			Conv: j.Body.Conv, Seq: j.Seq, Badge: badge, Ts: j.Ts}}
+			RegisteredAt: reg.RegisteredAt, Conv: j.Body.Conv, Seq: j.Seq, Badge: badge, Ts: j.Ts}}
 		switch j.ID[0] {
 		case jobMsg:
 			t.n.Kind, t.n.Sender, t.n.Count, t.n.Title, t.n.Preview = KindMsg, j.Body.Sender, j.Count, j.Body.Title, j.Body.Preview
@@ -950,6 +952,10 @@ func (n *Notifier) record(batch []result) {
 			fin = append(fin, done{Job: j, Outcome: outcomeDrop, At: now})
 		case ReasonRejected:
 			n.log.Warn("notification rejected", "provider", r.provider, "device", j.Body.Device, "err", r.err)
+			n.m.dropped.WithLabelValues(r.provider, reason).Inc()
+			fin = append(fin, done{Job: j, Outcome: outcomeDrop, At: now})
+		case ReasonConfig:
+			n.configRefused(r.provider, r.err)
 			n.m.dropped.WithLabelValues(r.provider, reason).Inc()
 			fin = append(fin, done{Job: j, Outcome: outcomeDrop, At: now})
 		default:

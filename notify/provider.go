@@ -31,6 +31,10 @@ type Notification struct {
 	// Key is the idempotency key: the same for every attempt at this
 	// notification.
 	Key string
+	// RegisteredAt is when the device registered Token (Unix ms): APNs
+	// reports since when a token is invalid, and a token registered
+	// again after that is kept.
+	RegisteredAt int64
 }
 
 // Data is the notification's data part as JSON-able values (string
@@ -78,6 +82,11 @@ const (
 	ReasonThrottled   = "throttled"   // 429: retried after Retry-After
 	ReasonUnavailable = "unavailable" // 5xx or no answer: retried with backoff
 	ReasonRejected    = "rejected"    // another 4xx: dropped
+	// ReasonConfig: the provider refused the server's own configuration
+	// (credentials, APNs topic, FCM project), not the device: the
+	// notification is dropped, the registration kept, and the error
+	// logged (docs/notifications.md, "Configuration errors").
+	ReasonConfig = "config"
 )
 
 // SendError is a provider's refusal.
@@ -129,4 +138,25 @@ func retryAfter(v string) time.Duration {
 		return max(time.Until(t), 0)
 	}
 	return 0
+}
+
+// configLogEvery: a provider refusing the server's configuration refuses
+// every notification; one log line a minute says so.
+const configLogEvery = time.Minute
+
+// configRefused logs a configuration error of provider, at most once per
+// configLogEvery (parley_notify_dropped_total{reason="config"} counts
+// every notification dropped for it).
+func (n *Notifier) configRefused(provider string, err error) {
+	p := n.providers[provider]
+	if p == nil {
+		return
+	}
+	now := time.Now().UnixNano()
+	last := p.configLogged.Load()
+	if now-last < int64(configLogEvery) || !p.configLogged.CompareAndSwap(last, now) {
+		return
+	}
+	n.log.Error("the push provider refuses this server's configuration; notifications are dropped, registrations kept",
+		"provider", provider, "err", err)
 }
