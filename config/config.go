@@ -227,7 +227,9 @@ type Config struct {
 	// NotifyBadgeMax caps the badge (the user's total unread).
 	NotifyBadgeMax int `yaml:"notify_badge_max" default:"999"`
 	// NotifyTTL: a notification that a provider keeps refusing with 429 or
-	// 5xx is retried this long after its message's commit, then dropped.
+	// 5xx is retried this long after its message's commit, then dropped;
+	// APNs and FCM keep it for an offline device until then too (at most
+	// 4 weeks, FCM's limit).
 	NotifyTTL time.Duration `yaml:"notify_ttl" default:"1h"`
 	// NotifyShards is how many Redis hash tags the notification queue is
 	// spread over (on a Redis Cluster, over that many slots). Each process
@@ -376,6 +378,9 @@ func (c Config) Validate() error {
 	}
 	if c.NotifyDelay < 0 || c.NotifyTTL <= 0 || c.NotifyBadgeMax < 0 || c.NotifyShards < 1 || c.NotifyConcurrency < 1 {
 		errs = append(errs, errors.New("need notify_delay >= 0, notify_ttl > 0, notify_badge_max >= 0, notify_shards >= 1, notify_concurrency >= 1"))
+	}
+	if c.NotifyTTL > 28*24*time.Hour {
+		errs = append(errs, errors.New("notify_ttl must be at most 672h (4 weeks): FCM refuses a longer ttl"))
 	}
 	if c.NotifyDelay <= c.AckCoalesce+c.AckLinger {
 		errs = append(errs, errors.New("notify_delay must exceed ack_coalesce + ack_linger: an ack held that long is not seen in time, and its device would be notified"))

@@ -52,3 +52,14 @@ func TestRejectsBadValues(t *testing.T) {
 		t.Fatal("unknown key accepted")
 	}
 }
+
+// TestNotifyTTLWithinFCMLimit: FCM refuses a ttl over 4 weeks, so
+// notify_ttl may not exceed it.
+func TestNotifyTTLWithinFCMLimit(t *testing.T) {
+	if _, err := Load("", []string{"PARLEY_NOTIFY_TTL=673h"}); err == nil {
+		t.Fatal("notify_ttl of 673h accepted")
+	}
+	if c, err := Load("", []string{"PARLEY_NOTIFY_TTL=672h"}); err != nil || c.NotifyTTL != 672*time.Hour {
+		t.Fatalf("notify_ttl of 672h: %v", err)
+	}
+}

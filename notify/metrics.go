@@ -19,7 +19,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		sent: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "parley_notify_sent_total",
 			Help: "Notifications a provider accepted, by provider."}, []string{"provider"}),
 		failed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "parley_notify_failed_total",
-			Help: "Provider requests that failed, by provider and reason (bad_token, throttled, unavailable, rejected, config: the provider refused the server's credentials or APNs topic); throttled and unavailable ones are retried."},
+			Help: "Provider requests that failed, by provider and reason (bad_token, throttled, unavailable, rejected, config: the provider refused the server's credentials, APNs topic or FCM project); throttled and unavailable ones are retried."},
 			[]string{"provider", "reason"}),
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "parley_notify_dropped_total",
 			Help: "Notifications given up, by provider and reason (bad_token, rejected, config: the provider refused the server's configuration, expired: notify_ttl passed while retrying, unregistered, no_provider, intake_full)."},

@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"encoding/pem"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -16,12 +17,9 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 	"unicode/utf8"
-
-	"github.com/golang-jwt/jwt/v5"
 )
 
 func writeP8(t *testing.T) (string, *ecdsa.PrivateKey) {
@@ -343,131 +341,299 @@ func writeServiceAccount(t *testing.T, tokenURI string) (string, *rsa.PrivateKey
 	return path, key
 }
 
-// fakeFCM is Google's OAuth2 token endpoint (it checks the service
-// account's signed assertion) and the FCM HTTP v1 API (it checks the
-// bearer token and the message), answering by registration token: "good"
-// 200, "unreg" 404 UNREGISTERED, "invalid" 400 INVALID_ARGUMENT on
-// message.token, "busy" 429 with Retry-After.
-type fakeFCM struct {
-	t   *testing.T
-	srv *httptest.Server
-	pub *rsa.PublicKey
-
-	mu       sync.Mutex
-	issued   int
-	messages []map[string]any
-}
-
-func newFakeFCM(t *testing.T, pub *rsa.PublicKey) *fakeFCM {
-	f := &fakeFCM{t: t, pub: pub}
-	mux := http.NewServeMux()
-	mux.HandleFunc("POST /token", f.token)
-	mux.HandleFunc("POST /v1/projects/parley-test/messages:send", f.send)
-	f.srv = httptest.NewTLSServer(mux)
-	t.Cleanup(f.srv.Close)
-	return f
-}
-
-func (f *fakeFCM) token(w http.ResponseWriter, r *http.Request) {
-	if r.FormValue("grant_type") != "urn:ietf:params:oauth:grant-type:jwt-bearer" {
-		f.t.Errorf("grant_type %q", r.FormValue("grant_type"))
+// newFCMPair is the FCM provider as parleyd builds it (its HTTP client
+// trusting the fake's certificate) and a fake FCM; the provider's clock
+// stands at now.
+func newFCMPair(t *testing.T, now time.Time) (*FCM, *fakeFCM) {
+	fake := newFakeFCM(t, nil)
+	path, k := writeServiceAccount(t, fake.srv.URL+"/token")
+	fake.setKey(&k.PublicKey)
+	f, err := NewFCM(FCMConfig{Endpoint: fake.srv.URL, CredentialsFile: path, TTL: time.Hour}, prodClient(fake.srv))
+	if err != nil {
+		t.Fatal(err)
 	}
-	claims := jwt.MapClaims{}
-	_, err := jwt.ParseWithClaims(r.FormValue("assertion"), claims, func(*jwt.Token) (any, error) { return f.pub, nil },
-		jwt.WithValidMethods([]string{"RS256"}), jwt.WithAudience(f.srv.URL+"/token"), jwt.WithIssuer("notify@parley-test.iam.gserviceaccount.com"))
-	if err != nil || claims["scope"] != fcmScope {
-		f.t.Errorf("assertion: %v (claims %v)", err, claims)
-		w.WriteHeader(http.StatusBadRequest)
-		return
-	}
-	f.mu.Lock()
-	f.issued++
-	n := f.issued
-	f.mu.Unlock()
-	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(map[string]any{"access_token": "access-" + string(rune('0'+n)), "token_type": "Bearer", "expires_in": 3600})
-}
-
-func (f *fakeFCM) send(w http.ResponseWriter, r *http.Request) {
-	if got := r.Header.Get("Authorization"); got != "Bearer access-1" {
-		f.t.Errorf("Authorization %q", got)
-		w.WriteHeader(http.StatusUnauthorized)
-		return
-	}
-	var body struct {
-		Message map[string]any `json:"message"`
-	}
-	if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
-		f.t.Errorf("body: %v", err)
-	}
-	f.mu.Lock()
-	f.messages = append(f.messages, body.Message)
-	f.mu.Unlock()
-	w.Header().Set("Content-Type", "application/json")
-	switch body.Message["token"] {
-	case "good":
-		_, _ = w.Write([]byte(`{"name":"projects/parley-test/messages/0:1"}`))
-	case "unreg":
-		w.WriteHeader(http.StatusNotFound)
-		_, _ = w.Write([]byte(`{"error":{"code":404,"message":"Requested entity was not found.","status":"NOT_FOUND","details":[{"@type":"type.googleapis.com/google.firebase.fcm.v1.FcmError","errorCode":"UNREGISTERED"}]}}`))
-	case "invalid":
-		w.WriteHeader(http.StatusBadRequest)
-		_, _ = w.Write([]byte(`{"error":{"code":400,"message":"The registration token is not a valid FCM registration token","status":"INVALID_ARGUMENT","details":[{"@type":"type.googleapis.com/google.rpc.BadRequest","fieldViolations":[{"field":"message.token","description":"Invalid registration token"}]}]}}`))
-	case "busy":
-		w.Header().Set("Retry-After", "3")
-		w.WriteHeader(http.StatusTooManyRequests)
-		_, _ = w.Write([]byte(`{"error":{"code":429,"status":"RESOURCE_EXHAUSTED","details":[{"@type":"type.googleapis.com/google.firebase.fcm.v1.FcmError","errorCode":"QUOTA_EXCEEDED"}]}}`))
-	default:
-		w.WriteHeader(http.StatusServiceUnavailable)
-		_, _ = w.Write([]byte(`{"error":{"code":503,"status":"UNAVAILABLE"}}`))
-	}
+	f.now = func() time.Time { return now }
+	return f, fake
 }
 
 // TestFCM: v1 messages with the service account's OAuth2 access token
-// (fetched once from the token endpoint and reused), collapse_key = conv,
-// string data; UNREGISTERED and an invalid token are token errors, 429
-// honours Retry-After, 503 is retried.
+// (fetched once from the token endpoint and reused), string data, ttl
+// notify_ttl; no per-conversation collapse key, badge notifications
+// collapsed under "badge"; UNREGISTERED and an invalid token are token
+// errors, 429 honours Retry-After, 503 is retried.
 func TestFCM(t *testing.T) {
-	var fake *fakeFCM
-	key, err := rsa.GenerateKey(rand.Reader, 2048)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fake = newFakeFCM(t, &key.PublicKey)
-	path, k := writeServiceAccount(t, fake.srv.URL+"/token")
-	fake.pub = &k.PublicKey
-	f, err := NewFCM(FCMConfig{Endpoint: fake.srv.URL, CredentialsFile: path, TTL: time.Hour}, fake.srv.Client())
-	if err != nil {
-		t.Fatal(err)
-	}
+	n := testNotification("", KindMsg)
+	f, fake := newFCMPair(t, time.UnixMilli(n.Ts))
+	good := fake.device("good", false)
 	ctx := context.Background()
-	if err := f.Send(ctx, testNotification("good", KindMsg)); err != nil {
+	n.Token = good
+	if err := f.Send(ctx, n); err != nil {
 		t.Fatal(err)
 	}
 	m := fake.messages[0]
 	android := m["android"].(map[string]any)
 	data := m["data"].(map[string]any)
-	if m["token"] != "good" || android["collapse_key"] != "g1" || android["ttl"] != "3600s" || data["conv"] != "g1" ||
-		data["seq"] != "7" || data["badge"] != "5" || data["count"] != "2" || data["kind"] != "msg" {
+	if m["token"] != good || android["collapse_key"] != nil || android["ttl"] != "3600s" || android["priority"] != "high" ||
+		data["conv"] != "g1" || data["seq"] != "7" || data["badge"] != "5" || data["count"] != "2" || data["kind"] != "msg" {
 		t.Fatalf("message %v", m)
 	}
-	if err := f.Send(ctx, testNotification("good", KindBadge)); err != nil {
+	b := testNotification(good, KindBadge)
+	b.Ts = n.Ts
+	if err := f.Send(ctx, b); err != nil {
 		t.Fatal(err)
 	}
-	if d := fake.messages[1]["data"].(map[string]any); d["kind"] != "badge" || d["conv"] != nil {
+	if d := fake.messages[1]["data"].(map[string]any); d["kind"] != "badge" || d["conv"] != nil ||
+		fake.messages[1]["android"].(map[string]any)["collapse_key"] != "badge" {
 		t.Fatalf("badge message %v", fake.messages[1])
 	}
-	for token, want := range map[string]string{"unreg": ReasonBadToken, "invalid": ReasonBadToken, "busy": ReasonThrottled, "down": ReasonUnavailable} {
+	unreg, busy, down := fake.device("unreg", false), fake.device("busy", false), fake.device("down", false)
+	fake.setDevice(unreg, func(d *fcmDevice) { d.unregistered = true })
+	fake.setDevice(busy, func(d *fcmDevice) { d.status = http.StatusTooManyRequests })
+	fake.setDevice(down, func(d *fcmDevice) { d.status = http.StatusServiceUnavailable })
+	const invalid = "not-a-registration-token"
+	for token, want := range map[string]string{unreg: ReasonBadToken, invalid: ReasonBadToken, busy: ReasonThrottled, down: ReasonUnavailable} {
 		reason, after := reasonOf(f.Send(ctx, testNotification(token, KindMsg)))
 		if reason != want {
 			t.Errorf("token %s: reason %s, want %s", token, reason, want)
 		}
-		if token == "busy" && after != 3*time.Second {
+		if token == busy && after != 3*time.Second {
 			t.Errorf("Retry-After %v, want 3s", after)
 		}
 	}
 	if fake.issued != 1 {
 		t.Fatalf("%d access tokens fetched, want 1 (reused until it expires)", fake.issued)
+	}
+}
+
+// TestFCMCollapseKeys: FCM keeps four collapse keys per device; an
+// offline device with messages of six conversations gets all six when it
+// comes online, and of three badge notifications the newest.
+func TestFCMCollapseKeys(t *testing.T) {
+	f, fake := newFCMPair(t, time.Now())
+	phone := fake.device("phone", false)
+	fake.setOnline(phone, false)
+	ctx := context.Background()
+	for i := range 6 {
+		n := testNotification(phone, KindMsg)
+		n.Conv, n.Key = fmt.Sprint("c", i), fmt.Sprintf("d1:c%d:7", i)
+		if err := f.Send(ctx, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for badge := range int64(3) {
+		n := testNotification(phone, KindBadge)
+		n.Badge = badge
+		if err := f.Send(ctx, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fake.setOnline(phone, true)
+	convs, badges := map[string]bool{}, []string{}
+	for _, m := range fake.deliveredTo(phone) {
+		d := m["data"].(map[string]any)
+		if d["kind"] == "badge" {
+			badges = append(badges, d["badge"].(string))
+		} else {
+			convs[d["conv"].(string)] = true
+		}
+	}
+	if len(convs) != 6 || !reflect.DeepEqual(badges, []string{"2"}) {
+		t.Fatalf("an offline device got the messages of %d conversations of 6 and badges %v (want the newest only)", len(convs), badges)
+	}
+}
+
+// TestFCMApple: an Apple device registered through FCM gets what APNs
+// needs: an alert for a message (priority 10, collapsed per
+// conversation), an alert push with only the badge for a badge update,
+// a background push (content-available, priority 5) for a recall; each
+// expires notify_ttl after the commit, and the data keys stand beside
+// aps.
+func TestFCMApple(t *testing.T) {
+	now := time.Now()
+	f, fake := newFCMPair(t, now)
+	iphone := fake.device("iphone", true)
+	ctx := context.Background()
+	type want struct {
+		pushType, priority string
+		aps                map[string]any
+	}
+	for kind, w := range map[string]want{
+		KindMsg: {"alert", "10", map[string]any{"alert": map[string]any{"title": "Team", "body": "2 new messages"},
+			"badge": json.Number("5"), "sound": "default", "thread-id": "g1"}},
+		KindBadge:  {"alert", "5", map[string]any{"badge": json.Number("5")}},
+		KindRecall: {"background", "5", map[string]any{"content-available": json.Number("1")}},
+	} {
+		n := testNotification(iphone, kind)
+		n.Ts = now.Add(-10 * time.Minute).UnixMilli()
+		if err := f.Send(ctx, n); err != nil {
+			t.Fatal(err)
+		}
+		got := fake.deliveredTo(iphone)
+		if len(got) == 0 {
+			t.Fatalf("%s: not delivered (APNs dropped: %v)", kind, fake.droppedFor(iphone))
+		}
+		h := got[len(got)-1]["headers"].(map[string]string)
+		payload := got[len(got)-1]["payload"].(map[string]any)
+		exp := strconv.FormatInt(time.UnixMilli(n.Ts).Add(time.Hour).Unix(), 10)
+		if h["apns-push-type"] != w.pushType || h["apns-priority"] != w.priority || h["apns-expiration"] != exp ||
+			!reflect.DeepEqual(payload["aps"], w.aps) || payload["kind"] != kind {
+			t.Errorf("%s: headers %v payload %v; want %s priority %s expiring %s aps %v", kind, h, payload, w.pushType, w.priority, exp, w.aps)
+		}
+		if (kind == KindMsg) != (h["apns-collapse-id"] == "g1") {
+			t.Errorf("%s: apns-collapse-id %q", kind, h["apns-collapse-id"])
+		}
+		fake.setDevice(iphone, func(d *fcmDevice) { d.delivered = nil })
+	}
+	if d := fake.droppedFor(iphone); len(d) > 0 {
+		t.Fatalf("APNs would not deliver: %v", d)
+	}
+}
+
+// TestFCMPayloadLimit: a title too long for FCM's 4096 bytes of data
+// (and an Apple device's APNs payload) is cut on a character boundary,
+// ending with "…", and the message is delivered.
+func TestFCMPayloadLimit(t *testing.T) {
+	f, fake := newFCMPair(t, time.Now())
+	for _, ios := range []bool{false, true} {
+		tok := fake.device(fmt.Sprint("d-", ios), ios)
+		n := testNotification(tok, KindMsg)
+		n.Title = strings.Repeat("日", 2000) // 6000 bytes
+		n.Preview = "see you <b>there</b> & then"
+		if err := f.Send(context.Background(), n); err != nil {
+			t.Fatalf("ios %v: %v", ios, err)
+		}
+		got := fake.deliveredTo(tok)
+		if len(got) != 1 {
+			t.Fatalf("ios %v: delivered %d", ios, len(got))
+		}
+		data := got[0]["data"]
+		if ios {
+			data = got[0]["payload"]
+		}
+		d := data.(map[string]any)
+		title, _ := d["title"].(string)
+		if !utf8.ValidString(title) || !strings.HasSuffix(title, "…") || !strings.HasPrefix(n.Title, strings.TrimSuffix(title, "…")) ||
+			d["preview"] != n.Preview {
+			t.Fatalf("ios %v: title of %d bytes %q…, preview %q", ios, len(title), cutUTF8(title, 12), d["preview"])
+		}
+	}
+}
+
+// TestFCMExpiration: android.ttl is what is left of notify_ttl since the
+// commit, whichever attempt sends it.
+func TestFCMExpiration(t *testing.T) {
+	now := time.UnixMilli(time.Now().UnixMilli())
+	f, fake := newFCMPair(t, now)
+	phone := fake.device("phone", false)
+	n := testNotification(phone, KindMsg)
+	n.Ts = now.Add(-30 * time.Minute).UnixMilli()
+	if err := f.Send(context.Background(), n); err != nil {
+		t.Fatal(err)
+	}
+	if ttl := fake.messages[0]["android"].(map[string]any)["ttl"]; ttl != "1800s" {
+		t.Fatalf("ttl %v half an hour after the commit, want 1800s", ttl)
+	}
+	n.Ts = now.Add(-2 * time.Hour).UnixMilli()
+	if err := f.Send(context.Background(), n); err != nil {
+		t.Fatal(err)
+	}
+	if ttl := fake.messages[1]["android"].(map[string]any)["ttl"]; ttl != "0s" {
+		t.Fatalf("ttl %v past notify_ttl, want 0s", ttl)
+	}
+}
+
+// TestFCMAccessTokenRevoked: an access token FCM no longer takes (401
+// UNAUTHENTICATED) is replaced by a new one and the message sent again;
+// a service account the token endpoint refuses is a configuration error.
+func TestFCMAccessTokenRevoked(t *testing.T) {
+	f, fake := newFCMPair(t, time.Now())
+	phone := fake.device("phone", false)
+	ctx := context.Background()
+	if err := f.Send(ctx, testNotification(phone, KindMsg)); err != nil {
+		t.Fatal(err)
+	}
+	fake.revoke()
+	if err := f.Send(ctx, testNotification(phone, KindMsg)); err != nil {
+		t.Fatalf("after the access token was revoked: %v", err)
+	}
+	if fake.issued != 2 || len(fake.deliveredTo(phone)) != 2 {
+		t.Fatalf("%d access tokens, %d delivered; want 2 and 2", fake.issued, len(fake.deliveredTo(phone)))
+	}
+	fake.revoke()
+	fake.setKey(&rsaKey(t).PublicKey) // the service account's key is no longer the project's
+	if reason, _ := reasonOf(f.Send(ctx, testNotification(phone, KindMsg))); reason != ReasonConfig {
+		t.Fatalf("service account refused: %s, want config", reason)
+	}
+}
+
+// TestFCMErrors: FCM's documented error answers are classified by their
+// code and field, not by words of their message: only UNREGISTERED and an
+// invalid registration token remove the registration; SENDER_ID_MISMATCH
+// and THIRD_PARTY_AUTH_ERROR are configuration errors.
+func TestFCMErrors(t *testing.T) {
+	var answer struct {
+		status int
+		body   string
+	}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/token" {
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write([]byte(`{"access_token":"a","token_type":"Bearer","expires_in":3600}`))
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(answer.status)
+		_, _ = w.Write([]byte(answer.body))
+	}))
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	defer srv.Close()
+	path, _ := writeServiceAccount(t, srv.URL+"/token")
+	f, err := NewFCM(FCMConfig{Endpoint: srv.URL, CredentialsFile: path, TTL: time.Hour}, prodClient(srv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	status := func(code int, status, message string, details ...string) string {
+		return fmt.Sprintf(`{"error":{"code":%d,"message":%q,"status":%q,"details":[%s]}}`, code, message, status, strings.Join(details, ","))
+	}
+	fcmErr := func(code string) string {
+		return `{"@type":"type.googleapis.com/google.firebase.fcm.v1.FcmError","errorCode":"` + code + `"}`
+	}
+	field := func(f string) string {
+		return `{"@type":"type.googleapis.com/google.rpc.BadRequest","fieldViolations":[{"field":"` + f + `","description":"x"}]}`
+	}
+	for _, c := range []struct {
+		name   string
+		status int
+		body   string
+		want   string
+	}{
+		{"documented invalid token", 400, status(400, "INVALID_ARGUMENT", fcmInvalidToken, fcmErr("INVALID_ARGUMENT")), ReasonBadToken},
+		{"violation on message.token", 400, status(400, "INVALID_ARGUMENT", "Invalid value", field("message.token")), ReasonBadToken},
+		{"data value, text naming a token", 400, status(400, "INVALID_ARGUMENT", "Invalid value at 'message.data[0].value' (TYPE_STRING) for the registration token's app",
+			field("message.data[0].value")), ReasonRejected},
+		{"message too big", 400, status(400, "INVALID_ARGUMENT", "Message is too big for the token", fcmErr("INVALID_ARGUMENT"), field("message")), ReasonRejected},
+		{"unregistered", 404, status(404, "NOT_FOUND", "Requested entity was not found.", fcmErr("UNREGISTERED")), ReasonBadToken},
+		{"sender id mismatch", 403, status(403, "PERMISSION_DENIED", "SenderId mismatch", fcmErr("SENDER_ID_MISMATCH")), ReasonConfig},
+		{"third party auth", 401, status(401, "UNAUTHENTICATED", "Auth error from APNS or Web Push Service", fcmErr("THIRD_PARTY_AUTH_ERROR")), ReasonConfig},
+		{"quota", 429, status(429, "RESOURCE_EXHAUSTED", "Quota exceeded.", fcmErr("QUOTA_EXCEEDED")), ReasonThrottled},
+		{"internal", 500, status(500, "INTERNAL", "Internal error.", fcmErr("INTERNAL")), ReasonUnavailable},
+	} {
+		answer.status, answer.body = c.status, c.body
+		if reason, _ := reasonOf(f.Send(context.Background(), testNotification("tok", KindMsg))); reason != c.want {
+			t.Errorf("%s: %s, want %s", c.name, reason, c.want)
+		}
+	}
+}
+
+// TestFCMSenderIDMismatch: a registration token of another Firebase
+// project (a wrong fcm_credentials_file) is a configuration error.
+func TestFCMSenderIDMismatch(t *testing.T) {
+	f, fake := newFCMPair(t, time.Now())
+	stray := fake.device("stray", false)
+	fake.setDevice(stray, func(d *fcmDevice) { d.project = "another-project" })
+	if reason, _ := reasonOf(f.Send(context.Background(), testNotification(stray, KindMsg))); reason != ReasonConfig {
+		t.Fatalf("SENDER_ID_MISMATCH: %s, want config", reason)
 	}
 }
 
