@@ -21,7 +21,7 @@ func TestConfigErrorKeepsRegistrations(t *testing.T) {
 	a, fake, _ := newAPNsPair(t)
 	tok := fake.device("ben-phone", "im.other.app")
 	ctx := context.Background()
-	if err := w.st.RegisterNotify(ctx, store.Registration{Device: "ben-d", User: "ben", Provider: "apns", Token: tok,
+	if _, err := w.st.RegisterNotify(ctx, store.Registration{Device: "ben-d", User: "ben", Provider: "apns", Token: tok,
 		RegisteredAt: time.Now().UnixMilli()}); err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +57,7 @@ func TestGoneTokenRegisteredAgain(t *testing.T) {
 	fake.setDevice(tok, func(d *apnsDevice) { d.goneAt = since })
 	ctx := context.Background()
 	register := func(at int64) {
-		if err := w.st.RegisterNotify(ctx, store.Registration{Device: "ben-d", User: "ben", Provider: "apns", Token: tok, RegisteredAt: at}); err != nil {
+		if _, err := w.st.RegisterNotify(ctx, store.Registration{Device: "ben-d", User: "ben", Provider: "apns", Token: tok, RegisteredAt: at}); err != nil {
 			t.Fatal(err)
 		}
 	}
