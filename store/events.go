@@ -599,6 +599,8 @@ func periodsTx(ctx context.Context, tx pgx.Tx, conv, user string) ([]Period, err
 // without a row, or when limit visible events are collected.
 func readRanges(ctx context.Context, tx pgx.Tx, conv convRef, periods []Period, limit int, p *Page) error {
 	pos := p.Upto
+	var sc eventScan
+	dest := sc.dest()
 	for pos < p.Head && len(p.Events) < limit {
 		var next *Period
 		for i := range periods {
@@ -624,21 +626,21 @@ func readRanges(ctx context.Context, tx pgx.Tx, conv convRef, periods []Period, 
 		}
 		end := min(next.To, p.Head)
 		want := limit - len(p.Events)
-		rows, err := tx.Query(ctx, `SELECT seq, kind, sender, coalesce(cmid, ''), coalesce(body, ''::bytea), ts, recalled_by IS NOT NULL, coalesce(target, 0), users, mentions, coalesce(edited_ts, 0), attrs
-			FROM events WHERE conv_key = $1 AND seq > $2 AND seq <= $3 ORDER BY seq LIMIT $4`, conv.key, pos, end, want)
+		rows, err := tx.Query(ctx, `SELECT `+eventColumns+`
+			FROM events e WHERE e.conv_key = $1 AND e.seq > $2 AND e.seq <= $3 ORDER BY e.seq LIMIT $4`, conv.key, pos, end, want)
 		if err != nil {
 			return err
 		}
 		got := 0
 		gap := int64(0)
 		for rows.Next() {
-			e := Event{Conv: conv.id}
-			var attrs []byte
-			if err := rows.Scan(&e.Seq, &e.Kind, &e.Sender, &e.Cmid, &e.Body, &e.Ts, &e.Recalled, &e.Target, &e.Users, &e.Mentions, &e.Edited, &attrs); err != nil {
+			sc.reset()
+			if err := rows.Scan(dest...); err != nil {
 				rows.Close()
 				return err
 			}
-			if err := e.Update.decode(attrs); err != nil {
+			e, err := sc.event(conv.id)
+			if err != nil {
 				rows.Close()
 				return err
 			}
@@ -649,9 +651,6 @@ func readRanges(ctx context.Context, tx pgx.Tx, conv convRef, periods []Period, 
 			}
 			pos = e.Seq
 			if e.Kind != KindHole {
-				if e.Recalled {
-					e.Body = nil
-				}
 				p.Events = append(p.Events, e)
 			}
 		}

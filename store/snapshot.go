@@ -108,21 +108,15 @@ SELECT 0 AS t, it.k, '' AS conv, 0::bigint AS after, it.head, it.read, it.unread
 			AND EXISTS (SELECT 1 FROM membership_periods m WHERE m.conv_id = it.conv AND m.user_id = it.usr
 				AND e.seq >= m.from_seq AND (m.to_seq IS NULL OR e.seq <= m.to_seq)))
 	ELSE 0 END AS total,
-	it.froms, it.tos,
-	0::bigint AS seq, 0::smallint AS kind, '' AS sender, '' AS cmid, ''::bytea AS body, 0::bigint AS ts,
-	false AS recalled, 0::bigint AS target, NULL::text[] AS users, 0::bigint AS edited, NULL::jsonb AS attrs
+	it.froms, it.tos, ` + noEventColumns + `
 FROM it
 UNION ALL
-SELECT 1, 0, rg.conv, rg.st, rg.head, 0, 0, 0, NULL, NULL,
-	e.seq, e.kind, e.sender, coalesce(e.cmid, ''), coalesce(e.body, ''::bytea), e.ts,
-	e.recalled_by IS NOT NULL, coalesce(e.target, 0), e.users, coalesce(e.edited_ts, 0), e.attrs
+SELECT 1, 0, rg.conv, rg.st, rg.head, 0, 0, 0, NULL, NULL, ` + eventColumns + `
 FROM rg JOIN events e ON e.conv_key = rg.key AND e.seq > rg.st AND e.seq <= rg.head
 UNION ALL
-SELECT 2, it.k, '', 0, 0, 0, 0, 0, NULL, NULL,
-	tl.seq, tl.kind, tl.sender, tl.cmid, tl.body, tl.ts, tl.recalled, tl.target, tl.users, tl.edited, tl.attrs
+SELECT 2, it.k, '', 0, 0, 0, 0, 0, NULL, NULL, tl.*
 FROM it CROSS JOIN LATERAL (
-	SELECT e.seq, e.kind, e.sender, coalesce(e.cmid, '') AS cmid, coalesce(e.body, ''::bytea) AS body, e.ts,
-		e.recalled_by IS NOT NULL AS recalled, coalesce(e.target, 0) AS target, e.users, coalesce(e.edited_ts, 0) AS edited, e.attrs
+	SELECT ` + eventColumns + `
 	FROM events e WHERE e.conv_key = it.key AND e.seq > greatest(it.after, it.cleared) AND e.kind <> 0
 		AND EXISTS (SELECT 1 FROM membership_periods m WHERE m.conv_id = it.conv AND m.user_id = it.usr
 			AND e.seq >= m.from_seq AND (m.to_seq IS NULL OR e.seq <= m.to_seq))
@@ -172,9 +166,6 @@ func (s *Store) SnapshotBatch(ctx context.Context, qs []SnapshotQuery, fullMax, 
 				}
 			case 1:
 				e.Conv = key.conv
-				if e.Recalled {
-					e.Body = nil
-				}
 				r, ok := ranges[key]
 				if !ok { // the row carries its range's head: the range's size
 					r = make([]Event, 0, min(hdr.Head-key.after, int64(fullMax+snapshotCountBelow)))
@@ -182,9 +173,6 @@ func (s *Store) SnapshotBatch(ctx context.Context, qs []SnapshotQuery, fullMax, 
 				ranges[key] = append(r, e)
 			case 2:
 				e.Conv = convs[k-1]
-				if e.Recalled {
-					e.Body = nil
-				}
 				items[k-1].tail = append(items[k-1].tail, e)
 			}
 		}); err != nil {
@@ -302,35 +290,29 @@ func (s *Store) snapshotRows(ctx context.Context, users, convs []string, afters 
 	// from zero values, so nothing of one row (a body, an array Scan
 	// could reuse) reaches the next; f gets copies.
 	var (
-		t, k         int64
-		key          rangeKey
-		hdr          SnapshotItem
-		froms, tos   []int64
-		e            Event
-		attrs        []byte
-		conv, sender pgtype.DriverBytes // valid until the next row
-		senders      = map[string]string{}
-		lastConv     string
+		t, k       int64
+		key        rangeKey
+		hdr        SnapshotItem
+		froms, tos []int64
+		ev         eventScan          // the row's event: eventColumns
+		conv       pgtype.DriverBytes // valid until the next row
+		lastConv   string
 	)
-	dest := []any{&t, &k, &conv, &key.after, &hdr.Head, &hdr.Read, &hdr.Unread, &hdr.Skipped, &froms, &tos,
-		&e.Seq, &e.Kind, &sender, &e.Cmid, &e.Body, &e.Ts, &e.Recalled, &e.Target, &e.Users, &e.Edited, &attrs}
+	dest := append([]any{&t, &k, &conv, &key.after, &hdr.Head, &hdr.Read, &hdr.Unread, &hdr.Skipped, &froms, &tos}, ev.dest()...)
 	return s.batchRows(ctx, s.snapshots, "BEGIN READ ONLY", "", nil, snapshotSQL, snapshotArgs(users, convs, afters, fullMax, tail), func(rows pgx.Rows) error {
-		t, k, key, hdr, froms, tos, e, attrs = 0, 0, rangeKey{}, SnapshotItem{}, nil, nil, Event{}, nil
+		t, k, key, hdr, froms, tos = 0, 0, rangeKey{}, SnapshotItem{}, nil, nil
+		ev.reset()
 		if err := rows.Scan(dest...); err != nil {
 			return err
 		}
 		// A range's rows come one after another, all naming its
-		// conversation; a conversation has few senders: each string is
-		// made once per statement, not once per row.
+		// conversation: its string is made once per range, not per row.
 		if string(conv) != lastConv {
 			lastConv = string(conv)
 		}
 		key.conv = lastConv
-		if e.Sender = senders[string(sender)]; e.Sender == "" && len(sender) > 0 {
-			e.Sender = string(sender)
-			senders[e.Sender] = e.Sender
-		}
-		if err := e.Update.decode(attrs); err != nil {
+		e, err := ev.event("")
+		if err != nil {
 			return err
 		}
 		f(t, k, key, hdr, froms, tos, e)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"reflect"
 	"slices"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/parley-im/parley/store"
 	"github.com/parley-im/parley/test/parleytest"
 	"github.com/parley-im/parley/test/testenv"
+	"github.com/parley-im/parley/wire"
 )
 
 // SnapshotBatch answers the snapshot requests of several users with one
@@ -191,6 +193,85 @@ func TestPlanSnapshots(t *testing.T) {
 	for range 8 {
 		if err := <-errs; err != nil {
 			t.Fatal(err)
+		}
+	}
+}
+
+// Every read of events gives an event the same fields: a sync page
+// (ReadPage) and both forms of a snapshot (every event after `after`, and
+// the newest few) return equal Events for every kind of event, a message's
+// mentions, edits and recall included.
+func TestEventReadsAgree(t *testing.T) {
+	env := parleytest.Start(t, parleytest.Config(t))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	devs := map[string]*client.Conn{}
+	for _, u := range []string{"ana", "ben", "cy"} {
+		d := env.User(t, u, 1)[0]
+		c, err := client.Dial(ctx, env.Addr, d.ID, d.Token, client.DialOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		devs[u] = c
+	}
+	do := func(who string, q wire.Request) wire.Message {
+		t.Helper()
+		m, err := devs[who].Do(ctx, q)
+		if err != nil {
+			t.Fatalf("%s %s: %v", who, q.T, err)
+		}
+		return m
+	}
+	do("ana", wire.Request{T: wire.TConvCreate, Kind: wire.ConvGroup, Conv: "g", Members: []string{"ben", "cy"}})
+	m := do("ana", wire.Request{T: wire.TSend, Conv: "g", Cmid: "m1", Body: []byte("hi @ben @cy"), Mentions: []string{"ben", "cy"}})
+	do("ben", wire.Request{T: wire.TSend, Conv: "g", Cmid: "m2", Body: []byte("plain")})
+	do("ana", wire.Request{T: wire.TEdit, Conv: "g", Seq: m.Seq, Body: []byte("hi all")})
+	r := do("ben", wire.Request{T: wire.TSend, Conv: "g", Cmid: "m3", Body: []byte("oops @ana"), Mentions: []string{"ana"}})
+	do("ben", wire.Request{T: wire.TRecall, Conv: "g", Seq: r.Seq})
+	do("ana", wire.Request{T: wire.TRole, Conv: "g", User: "ben", Role: wire.RoleAdmin})
+	do("ben", wire.Request{T: wire.TMemberMute, Conv: "g", User: "cy", MutedUntil: time.Now().Add(time.Hour).UnixMilli()})
+	do("ana", wire.Request{T: wire.TConvUpdate, Conv: "g", Title: "T", Invite: wire.InviteAdmins})
+	do("ben", wire.Request{T: wire.TBan, Conv: "g", User: "cy"})
+	do("ana", wire.Request{T: wire.TUnban, Conv: "g", User: "cy"})
+	do("ana", wire.Request{T: wire.TMembersAdd, Conv: "g", Users: []string{"cy"}})
+
+	st, err := store.Open(ctx, env.Cfg.PostgresURL, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	page, err := st.ReadPage(ctx, "g", "ana", 0, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := int(page.Head)
+	if len(page.Events) != n || n < 10 {
+		t.Fatalf("sync page: %d events, head %d", len(page.Events), page.Head)
+	}
+	if e := page.Events[m.Seq-1]; !slices.Equal(e.Mentions, []string{"ben", "cy"}) || e.Edited == 0 || string(e.Body) != "hi all" {
+		t.Errorf("sync page: the edited message %+v", e)
+	}
+	if e := page.Events[r.Seq-1]; !slices.Equal(e.Mentions, []string{"ana"}) || !e.Recalled || len(e.Body) != 0 {
+		t.Errorf("sync page: the recalled message %+v", e)
+	}
+	full, err := st.Snapshot(ctx, "ana", []string{"g"}, []int64{0}, n, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tail, err := st.Snapshot(ctx, "ana", []string{"g"}, []int64{0}, n-1, n-1) // the newest n-1
+	if err != nil {
+		t.Fatal(err)
+	}
+	for what, evs := range map[string][]store.Event{"snapshot (full)": full[0].Events, "snapshot (tail)": tail[0].Events} {
+		want := page.Events[n-len(evs):]
+		if len(evs) < n-1 {
+			t.Errorf("%s: %d events, want %d", what, len(evs), len(want))
+		}
+		for i := range evs {
+			if !reflect.DeepEqual(evs[i], want[i]) {
+				t.Errorf("%s: event %d:\n got %+v\nwant %+v (sync)", what, want[i].Seq, evs[i], want[i])
+			}
 		}
 	}
 }
