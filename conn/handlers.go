@@ -346,18 +346,12 @@ func (g *Gateway) sync(ctx context.Context, s *Session, req *wire.Request) {
 		return
 	}
 	evs := make([]wire.Event, len(p.Events))
-	for i, e := range p.Events {
-		evs[i] = WireEvent(e)
+	for i := range p.Events {
+		evs[i] = fanout.WireEvent(&p.Events[i])
 	}
 	s.know(req.Conv, p.Upto)
 	g.answer(s, req, nil, wire.SyncOK{T: wire.TSyncOK, Rid: req.Rid, Conv: req.Conv, Epoch: p.Epoch, Head: p.Head,
 		MinSeq: p.MinSeq, Upto: p.Upto, More: p.Upto < p.Head, Events: evs})
-}
-
-// WireEvent is e as clients see it.
-func WireEvent(e store.Event) wire.Event {
-	return wire.Event{Seq: e.Seq, Kind: e.Kind.String(), Sender: e.Sender, Body: e.Body, Ts: e.Ts, Cmid: e.Cmid,
-		Recalled: e.Recalled, Target: e.Target, Users: e.Users, Mentions: e.Mentions, Edited: e.Edited, Update: fanout.WireUpdate(e.Update)}
 }
 
 func (g *Gateway) ack(s *Session, req *wire.Request, start time.Time) {
@@ -517,8 +511,8 @@ func (g *Gateway) snapshot(ctx context.Context, s *Session, req *wire.Request) {
 	for i, it := range items {
 		wi := wire.SnapshotItem{Conv: it.Conv, Head: it.Head, Read: it.Read, Unread: it.Unread, Skipped: it.Skipped,
 			Events: make([]wire.Event, len(it.Events))}
-		for j, e := range it.Events {
-			wi.Events[j] = WireEvent(e)
+		for j := range it.Events {
+			wi.Events[j] = fanout.WireEvent(&it.Events[j])
 		}
 		if it.Err != nil {
 			wi = wire.SnapshotItem{Conv: it.Conv, Events: []wire.Event{}, Error: string(g.wireError(s, req, it.Err).Code)}

@@ -577,16 +577,36 @@ func (f *Fanout) queueRows(ctx context.Context, evs []eventlog.Committed, recipi
 	f.rows.Queue(ctx, jobs)
 }
 
-// WireUpdate is an update event's changes as clients see them.
-func WireUpdate(u store.Update) wire.Update {
-	return wire.Update{Role: u.Role, MutedUntil: u.MutedUntil, Banned: u.Banned, Title: u.Title, Invite: u.Invite}
+// WireEvent is e as clients see it: the one conversion of a stored event
+// into the event map (docs/protocol.md §3), for pushes (PushFrame) and for
+// the events of sync and snapshot replies alike, so that every path gives
+// an event the same keys. The result shares e's slices.
+func WireEvent(e *store.Event) wire.Event {
+	return wire.Event{Seq: e.Seq, Kind: e.Kind.String(), Sender: e.Sender, Body: e.Body, Ts: e.Ts,
+		Cmid: e.Cmid, Recalled: e.Recalled, Target: e.Target, Users: e.Users, Mentions: e.Mentions, Edited: e.Edited,
+		Update: wire.Update{Role: e.Update.Role, MutedUntil: e.Update.MutedUntil, Banned: e.Update.Banned,
+			Title: e.Update.Title, Invite: e.Update.Invite}}
 }
 
-// PushFrame encodes e as a push frame.
+// PushFrame encodes e as a push frame (WireEvent's event map beside t and
+// conv), in one allocation: the frame, which fan-out shares among every
+// device the event goes to.
 func PushFrame(e store.Event) ([]byte, error) {
-	p := wire.Push{T: wire.TPush, Conv: e.Conv, Seq: e.Seq, Kind: e.Kind.String(), Sender: e.Sender, Body: e.Body,
-		Ts: e.Ts, Cmid: e.Cmid, Target: e.Target, Users: e.Users, Mentions: e.Mentions, Update: WireUpdate(e.Update)}
-	return wire.AppendFrame(nil, p)
+	p := wire.Push{T: wire.TPush, Conv: e.Conv, EventFields: WireEvent(&e)}
+	// Room for the length prefix, every key, the fixed-size values and
+	// the headers of the others (about 230 bytes at most), plus the
+	// variable-size values.
+	n := 240 + len(e.Conv) + len(e.Sender) + len(e.Cmid) + len(e.Body) + len(e.Update.Role) + len(e.Update.Invite)
+	for _, u := range e.Users {
+		n += 5 + len(u)
+	}
+	for _, u := range e.Mentions {
+		n += 5 + len(u)
+	}
+	if e.Update.Title != nil {
+		n += 5 + len(*e.Update.Title)
+	}
+	return p.AppendFrame(make([]byte, 0, n))
 }
 
 // Tier is a conversation's fan-out tier (docs/fanout.md), chosen by its

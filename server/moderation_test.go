@@ -582,7 +582,9 @@ func (n *modNet) putRole(t *testing.T, conv, user, role string) func() (wire.Mes
 		if st != http.StatusOK {
 			return wire.Message{}, fmt.Errorf("PUT role: status %d %s %s", st, out.Code, out.Msg)
 		}
-		return wire.Message{T: wire.TUpdateOK, Conv: conv, Seq: out.Seq}, nil
+		m := wire.Message{T: wire.TUpdateOK, Conv: conv}
+		m.Seq = out.Seq
+		return m, nil
 	}
 }
 

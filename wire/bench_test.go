@@ -6,8 +6,8 @@ import (
 )
 
 func BenchmarkAppendFrame(b *testing.B) {
-	push := &Push{T: TPush, Conv: "conv-0123456789", Seq: 123456, Kind: KindMsg,
-		Sender: "user-42", Body: bytes.Repeat([]byte("x"), 100), Ts: 1735689600123, Cmid: "cmid-0001"}
+	push := &Push{T: TPush, Conv: "conv-0123456789", EventFields: Event{Seq: 123456, Kind: KindMsg,
+		Sender: "user-42", Body: bytes.Repeat([]byte("x"), 100), Ts: 1735689600123, Cmid: "cmid-0001"}}
 	events := make([]Event, 20)
 	for i := range events {
 		events[i] = push.Event()
@@ -64,8 +64,8 @@ func BenchmarkDecodeRequest(b *testing.B) {
 }
 
 func BenchmarkDecodeMessage(b *testing.B) {
-	push := Push{T: TPush, Conv: "conv-0123456789", Seq: 123456, Kind: KindMsg,
-		Sender: "user-42", Body: bytes.Repeat([]byte("x"), 100), Ts: 1735689600123, Cmid: "cmid-0001"}
+	push := Push{T: TPush, Conv: "conv-0123456789", EventFields: Event{Seq: 123456, Kind: KindMsg,
+		Sender: "user-42", Body: bytes.Repeat([]byte("x"), 100), Ts: 1735689600123, Cmid: "cmid-0001"}}
 	body, _ := Marshal(&push)
 	b.Run("push-100B", func(b *testing.B) {
 		b.ReportAllocs()

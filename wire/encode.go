@@ -36,6 +36,12 @@ func AppendFrame(dst []byte, v any) ([]byte, error) {
 			return dst[:start], err
 		}
 	}
+	return finishFrame(dst, start)
+}
+
+// finishFrame writes the length prefix of the frame that starts at
+// dst[start] (its body encoded after the prefix's 4 bytes).
+func finishFrame(dst []byte, start int) ([]byte, error) {
 	n := len(dst) - start - HeaderLen
 	if n > math.MaxUint32 {
 		return dst[:start], Errorf(TooLarge, "frame of %d bytes", n)

@@ -11,11 +11,8 @@ type Message struct {
 	User            string     `msgpack:"user,omitempty"`
 	Device          string     `msgpack:"device,omitempty"`
 	InstallEpoch    int64      `msgpack:"install_epoch,omitempty"`
-	Ts              int64      `msgpack:"ts,omitempty"`
 	Conv            string     `msgpack:"conv,omitempty"`
 	Head            int64      `msgpack:"head,omitempty"`
-	Cmid            string     `msgpack:"cmid,omitempty"`
-	Seq             int64      `msgpack:"seq,omitempty"`
 	Dup             bool       `msgpack:"dup,omitempty"`
 	Epoch           int64      `msgpack:"epoch,omitempty"`
 	MinSeq          int64      `msgpack:"min_seq,omitempty"`
@@ -30,20 +27,18 @@ type Message struct {
 	ReceiptsPrivate bool       `msgpack:"receipts_private,omitempty"`
 	Items           []Item     `msgpack:"items,omitempty"`
 	Cursor          string     `msgpack:"cursor,omitempty"`
-	Target          int64      `msgpack:"target,omitempty"`
-	Kind            string     `msgpack:"kind,omitempty"`
-	Sender          string     `msgpack:"sender,omitempty"`
-	Body            []byte     `msgpack:"body,omitempty"`
-	Users           []string   `msgpack:"users,omitempty"`
-	Mentions        []string   `msgpack:"mentions,omitempty"`
 	Reason          string     `msgpack:"reason,omitempty"`
 	Code            Code       `msgpack:"code,omitempty"`
 	Msg             string     `msgpack:"msg,omitempty"`
 	RetryAfterMs    int64      `msgpack:"retry_after_ms,omitempty"`
 	ExpiresAt       int64      `msgpack:"expires_at,omitempty"`
-	// Update: what an update push changed; its MutedUntil is also
-	// conv_settings_ok's muted_until.
-	Update
+	// EventFields: the keys of the event map (docs/protocol.md §3),
+	// decoded by the same code as sync's and snapshot's events. A push
+	// carries the event in them (Event returns it); other frames use some
+	// of the keys for themselves: seq (send_ok, update_ok, recall_ok,
+	// edit_ok), ts (auth_ok, pong, send_ok), cmid (send_ok), target
+	// (recall_ok, edit_ok), muted_until (conv_settings_ok).
+	EventFields `msgpack:",inline"`
 }
 
 // Item is one element of convs_ok.items or snapshot_ok.items: the union of
@@ -89,10 +84,7 @@ func (m *Message) Err() *Error {
 }
 
 // Event returns the event a `push` frame carries.
-func (m *Message) Event() Event {
-	return Event{Seq: m.Seq, Kind: m.Kind, Sender: m.Sender, Body: m.Body, Ts: m.Ts,
-		Cmid: m.Cmid, Target: m.Target, Users: m.Users, Mentions: m.Mentions, Update: m.Update}
-}
+func (m *Message) Event() Event { return m.EventFields }
 
 // DecodeMessage decodes one server→client frame body (without the length
 // prefix). Every string and byte slice of the result owns its memory, so b
@@ -252,35 +244,42 @@ func (r *reader) getEvents(name string, depth int, dst *[]Event) *Error {
 
 func (r *reader) event(depth int, ev *Event) *Error {
 	return r.mapKeys("event", depth, func(k []byte) *Error {
-		switch string(k) {
-		case "seq":
-			return r.getInt("seq", &ev.Seq)
-		case "kind":
-			return r.getStr("kind", &ev.Kind)
-		case "sender":
-			return r.getStr("sender", &ev.Sender)
-		case "body":
-			return r.getBytes("body", &ev.Body)
-		case "ts":
-			return r.getInt("ts", &ev.Ts)
-		case "cmid":
-			return r.getStr("cmid", &ev.Cmid)
-		case "recalled":
-			return r.getBool("recalled", &ev.Recalled)
-		case "target":
-			return r.getInt("target", &ev.Target)
-		case "users":
-			return r.getStrs("users", &ev.Users)
-		case "mentions":
-			return r.getStrs("mentions", &ev.Mentions)
-		case "edited":
-			return r.getInt("edited", &ev.Edited)
-		}
-		if ok, err := ev.Update.field(r, string(k)); ok {
+		if ok, err := ev.field(r, string(k)); ok {
 			return err
 		}
 		return r.skip(depth + 1)
 	})
+}
+
+// field decodes key k of the event map into ev: the one decoder of the
+// event map, for the events of sync_ok and snapshot_ok and for push. ok is
+// false for a key that is not one of Event's.
+func (ev *Event) field(r *reader, k string) (ok bool, err *Error) {
+	switch k {
+	case "seq":
+		return true, r.getInt("seq", &ev.Seq)
+	case "kind":
+		return true, r.getStr("kind", &ev.Kind)
+	case "sender":
+		return true, r.getStr("sender", &ev.Sender)
+	case "body":
+		return true, r.getBytes("body", &ev.Body)
+	case "ts":
+		return true, r.getInt("ts", &ev.Ts)
+	case "cmid":
+		return true, r.getStr("cmid", &ev.Cmid)
+	case "recalled":
+		return true, r.getBool("recalled", &ev.Recalled)
+	case "target":
+		return true, r.getInt("target", &ev.Target)
+	case "users":
+		return true, r.getStrs("users", &ev.Users)
+	case "mentions":
+		return true, r.getStrs("mentions", &ev.Mentions)
+	case "edited":
+		return true, r.getInt("edited", &ev.Edited)
+	}
+	return ev.Update.field(r, k)
 }
 
 func (r *reader) item(depth int, it *Item) *Error {
@@ -347,16 +346,10 @@ func (m *Message) decode(r *reader) *Error {
 			return r.getInt("install_epoch", &m.InstallEpoch)
 		case "expires_at":
 			return r.getInt("expires_at", &m.ExpiresAt)
-		case "ts":
-			return r.getInt("ts", &m.Ts)
 		case "conv":
 			return r.getStr("conv", &m.Conv)
 		case "head":
 			return r.getInt("head", &m.Head)
-		case "cmid":
-			return r.getStr("cmid", &m.Cmid)
-		case "seq":
-			return r.getInt("seq", &m.Seq)
 		case "dup":
 			return r.getBool("dup", &m.Dup)
 		case "epoch":
@@ -424,21 +417,6 @@ func (m *Message) decode(r *reader) *Error {
 			return nil
 		case "cursor":
 			return r.getStr("cursor", &m.Cursor)
-		case "target":
-			return r.getInt("target", &m.Target)
-		case "kind":
-			return r.getStr("kind", &m.Kind)
-		case "sender":
-			return r.getStr("sender", &m.Sender)
-		case "body":
-			return r.getBytes("body", &m.Body)
-		case "users":
-			return r.getStrs("users", &m.Users)
-		case "mentions":
-			return r.getStrs("mentions", &m.Mentions)
-		case "role", "banned", "title", "invite", "muted_until":
-			_, err := m.Update.field(r, string(k))
-			return err
 		case "reason":
 			return r.getStr("reason", &m.Reason)
 		case "code":
@@ -450,6 +428,9 @@ func (m *Message) decode(r *reader) *Error {
 			return r.getStr("msg", &m.Msg)
 		case "retry_after_ms":
 			return r.getInt("retry_after_ms", &m.RetryAfterMs)
+		}
+		if ok, err := m.EventFields.field(r, string(k)); ok {
+			return err
 		}
 		return r.skip(depth + 1)
 	})

@@ -223,8 +223,11 @@ func (r SendOK) appendMsgpack(b []byte) []byte {
 // EncodeMsgpack implements msgpack.CustomEncoder.
 func (r SendOK) EncodeMsgpack(e *msgpack.Encoder) error { return encodeCustom(e, r) }
 
-// Event is one event of a conversation log, as carried by sync_ok,
-// snapshot_ok items and (flattened) push.
+// Event is one event of a conversation log: the event map of
+// docs/protocol.md §3, as carried by sync_ok, snapshot_ok items and
+// (flattened, beside t and conv) push. Its encoder (appendFields) is the
+// only one of the event map: every frame that carries an event writes it
+// through Event, so every path gives an event the same keys.
 type Event struct {
 	Seq      int64    `msgpack:"seq"`
 	Kind     string   `msgpack:"kind"`
@@ -242,10 +245,24 @@ type Event struct {
 	Update       // what an update event changed
 }
 
+// EventFields is Event under another name, the name of the field by which
+// Push and Message embed it (their method Event returns it).
+type EventFields = Event
+
 func (ev Event) appendMsgpack(b []byte) []byte { return ev.appendTo(b) }
 
 func (ev *Event) appendTo(b []byte) []byte {
-	b = appendMapLen(b, 5+ev.Update.fields()+count(ev.Cmid != "", ev.Recalled, ev.Target != 0, len(ev.Users) > 0, len(ev.Mentions) > 0, ev.Edited != 0))
+	return ev.appendFields(appendMapLen(b, ev.fields()))
+}
+
+// fields is how many keys appendFields writes: seq, kind, sender, body and
+// ts always, the others when not empty, false or zero.
+func (ev *Event) fields() int {
+	return 5 + ev.Update.fields() + count(ev.Cmid != "", ev.Recalled, ev.Target != 0, len(ev.Users) > 0, len(ev.Mentions) > 0, ev.Edited != 0)
+}
+
+// appendFields appends the event's keys and values (not the map header).
+func (ev *Event) appendFields(b []byte) []byte {
 	b = kvInt(b, "seq", ev.Seq)
 	b = kvStr(b, "kind", ev.Kind)
 	b = kvStr(b, "sender", ev.Sender)
@@ -635,58 +652,37 @@ func (r Receipt) appendMsgpack(b []byte) []byte {
 // EncodeMsgpack implements msgpack.CustomEncoder.
 func (r Receipt) EncodeMsgpack(e *msgpack.Encoder) error { return encodeCustom(e, r) }
 
-// Push carries one new event to a device (no rid).
+// Push carries one new event to a device (no rid): the event map,
+// flattened beside t and conv, written by the event's own encoder.
 type Push struct {
-	T        string   `msgpack:"t"`
-	Conv     string   `msgpack:"conv"`
-	Seq      int64    `msgpack:"seq"`
-	Kind     string   `msgpack:"kind"`
-	Sender   string   `msgpack:"sender"`
-	Body     []byte   `msgpack:"body"`
-	Ts       int64    `msgpack:"ts"`
-	Cmid     string   `msgpack:"cmid,omitempty"`
-	Target   int64    `msgpack:"target,omitempty"`
-	Users    []string `msgpack:"users,omitempty"`
-	Mentions []string `msgpack:"mentions,omitempty"`
-	Update            // what an update event changed
+	T           string `msgpack:"t"`
+	Conv        string `msgpack:"conv"`
+	EventFields `msgpack:",inline"`
 }
 
 // PushOf returns the push frame for event ev of conversation conv.
 func PushOf(conv string, ev *Event) Push {
-	return Push{T: TPush, Conv: conv, Seq: ev.Seq, Kind: ev.Kind, Sender: ev.Sender,
-		Body: ev.Body, Ts: ev.Ts, Cmid: ev.Cmid, Target: ev.Target, Users: ev.Users, Mentions: ev.Mentions, Update: ev.Update}
+	return Push{T: TPush, Conv: conv, EventFields: *ev}
 }
 
 // Event returns the event a push carries.
-func (r *Push) Event() Event {
-	return Event{Seq: r.Seq, Kind: r.Kind, Sender: r.Sender, Body: r.Body, Ts: r.Ts,
-		Cmid: r.Cmid, Target: r.Target, Users: r.Users, Mentions: r.Mentions, Update: r.Update}
-}
+func (r *Push) Event() Event { return r.EventFields }
 
 func (r Push) appendMsgpack(b []byte) []byte { return r.appendTo(b) }
 
+// AppendFrame appends r as a frame to dst, as AppendFrame(dst, r) does,
+// without r escaping to the heap (fan-out encodes every pushed event once,
+// with this).
+func (r *Push) AppendFrame(dst []byte) ([]byte, error) {
+	start := len(dst)
+	return finishFrame(r.appendTo(append(dst, 0, 0, 0, 0)), start)
+}
+
 func (r *Push) appendTo(b []byte) []byte {
-	b = appendMapLen(b, 7+r.Update.fields()+count(r.Cmid != "", r.Target != 0, len(r.Users) > 0, len(r.Mentions) > 0))
+	b = appendMapLen(b, 2+r.EventFields.fields())
 	b = kvStr(b, "t", orT(r.T, TPush))
 	b = kvStr(b, "conv", r.Conv)
-	b = kvInt(b, "seq", r.Seq)
-	b = kvStr(b, "kind", r.Kind)
-	b = kvStr(b, "sender", r.Sender)
-	b = kvBin(b, "body", r.Body)
-	b = kvInt(b, "ts", r.Ts)
-	if r.Cmid != "" {
-		b = kvStr(b, "cmid", r.Cmid)
-	}
-	if r.Target != 0 {
-		b = kvInt(b, "target", r.Target)
-	}
-	if len(r.Users) > 0 {
-		b = kvStrs(b, "users", r.Users)
-	}
-	if len(r.Mentions) > 0 {
-		b = kvStrs(b, "mentions", r.Mentions)
-	}
-	return r.Update.appendTo(b)
+	return r.EventFields.appendFields(b)
 }
 
 // EncodeMsgpack implements msgpack.CustomEncoder.

@@ -349,7 +349,7 @@ func TestAppendFrameFallback(t *testing.T) {
 	}
 	// our types nested in another value are encoded straight into the
 	// pooled encoder's buffer, with the same bytes
-	p := &Push{Conv: "c", Seq: 7, Body: []byte("hi")}
+	p := &Push{Conv: "c", EventFields: Event{Seq: 7, Body: []byte("hi")}}
 	buf, err = AppendFrame(nil, []any{p, "x"})
 	if err != nil {
 		t.Fatal(err)
@@ -409,4 +409,50 @@ func taggedFields(v reflect.Value) []taggedField {
 		out = append(out, taggedField{name, v.Field(i)})
 	}
 	return out
+}
+
+// TestEventMapOneEncoding: an event with every key set reads the same
+// wherever it is carried: a push writes exactly the event map's keys and
+// values beside t and conv, and the client's decoder gives back the same
+// Event from a push, a sync_ok and a snapshot_ok.
+func TestEventMapOneEncoding(t *testing.T) {
+	var ev Event
+	fill(reflect.ValueOf(&ev).Elem(), 0)
+	evMap := map[string]any{}
+	if err := msgpack.Unmarshal(mustMarshal(t, &ev), &evMap); err != nil {
+		t.Fatal(err)
+	}
+	p := PushOf("conv", &ev)
+	var pushMap map[string]any
+	if err := msgpack.Unmarshal(mustMarshal(t, &p), &pushMap); err != nil {
+		t.Fatal(err)
+	}
+	if pushMap["t"] != TPush || pushMap["conv"] != "conv" {
+		t.Fatalf("push: %v", pushMap)
+	}
+	delete(pushMap, "t")
+	delete(pushMap, "conv")
+	if !reflect.DeepEqual(pushMap, evMap) {
+		t.Fatalf("push without t and conv:\n%v\nthe event map:\n%v", pushMap, evMap)
+	}
+	all, _ := tagKeys(reflect.TypeOf(ev))
+	if got := mapKeys(t, mustMarshal(t, &ev)); !reflect.DeepEqual(got, all) {
+		t.Fatalf("the event map's keys %v, want %v", got, all)
+	}
+
+	m, err := DecodeMessage(mustMarshal(t, &p))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := m.Event(); !reflect.DeepEqual(got, ev) {
+		t.Errorf("push decoded:\n got %+v\nwant %+v", got, ev)
+	}
+	m, err = DecodeMessage(mustMarshal(t, &SyncOK{Events: []Event{ev}}))
+	if err != nil || len(m.Events) != 1 || !reflect.DeepEqual(m.Events[0], ev) {
+		t.Errorf("sync_ok decoded: %+v %v, want %+v", m.Events, err, ev)
+	}
+	m, err = DecodeMessage(mustMarshal(t, &SnapshotOK{Items: []SnapshotItem{{Conv: "conv", Events: []Event{ev}}}}))
+	if err != nil || len(m.Items) != 1 || len(m.Items[0].Events) != 1 || !reflect.DeepEqual(m.Items[0].Events[0], ev) {
+		t.Errorf("snapshot_ok decoded: %+v %v, want %+v", m.Items, err, ev)
+	}
 }
