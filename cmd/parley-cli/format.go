@@ -27,6 +27,7 @@ type jsonEvent struct {
 	Recalled bool     `json:"recalled,omitempty"`
 	Target   int64    `json:"target,omitempty"`
 	Users    []string `json:"users,omitempty"`
+	Mentions []string `json:"mentions,omitempty"`
 	Edited   int64    `json:"edited,omitempty"`
 	// An update event's changes (docs/protocol.md §9).
 	Role       string  `json:"role,omitempty"`
@@ -38,7 +39,7 @@ type jsonEvent struct {
 
 func eventJSON(ev wire.Event) jsonEvent {
 	j := jsonEvent{Seq: ev.Seq, Kind: ev.Kind, Sender: ev.Sender, Ts: ev.Ts, Cmid: ev.Cmid,
-		Recalled: ev.Recalled, Target: ev.Target, Users: ev.Users, Edited: ev.Edited,
+		Recalled: ev.Recalled, Target: ev.Target, Users: ev.Users, Mentions: ev.Mentions, Edited: ev.Edited,
 		Role: ev.Role, MutedUntil: ev.MutedUntil, Banned: ev.Banned, Title: ev.Title, Invite: ev.Invite}
 	if ev.Kind == wire.KindMsg || len(ev.Body) > 0 {
 		if utf8.Valid(ev.Body) {
