@@ -21,12 +21,31 @@ import (
 // buckets are raised with a plain UPDATE and new ones inserted (an upsert
 // wrote two more WAL records per bucket, to lock the row and to confirm
 // the speculative insert).
+//
+// The two statements go in one batch, in its implicit transaction (as
+// lockedRows sends its lock and statement): the row locks are taken,
+// used and released within one round trip, never held while PostgreSQL
+// waits for the client's next statement or COMMIT. Two statements, not
+// one with a locking CTE: that would share one snapshot, taken before
+// its locks were granted, and miss a recall committed while it waited.
 func (s *Store) AdvanceDense(ctx context.Context, convs []string) error {
-	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT 1 FROM conversations WHERE conv_id = ANY($1) ORDER BY conv_id FOR UPDATE`, convs); err != nil {
+	b := &pgx.Batch{}
+	b.Queue(`SELECT 1 FROM conversations WHERE conv_id = ANY($1) ORDER BY conv_id FOR UPDATE`, convs)
+	b.Queue(advanceDenseSQL, convs)
+	br := s.pool.SendBatch(ctx, b)
+	defer br.Close()
+	for range b.Len() {
+		if _, err := br.Exec(); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, `
+	}
+	// The implicit transaction commits at the end of the batch: only then
+	// is the advance durable.
+	return br.Close()
+}
+
+// advanceDenseSQL is AdvanceDense's statement, run after its row locks.
+const advanceDenseSQL = `
 WITH d AS (
     SELECT c.conv_id, c.conv_key, c.dense_seq AS d0,
            coalesce((SELECT max(t.seq) FROM (SELECT e.seq, e.seq - row_number() OVER (ORDER BY e.seq) AS k
@@ -52,7 +71,4 @@ WITH d AS (
     INSERT INTO own_msg_buckets (conv_id, sender, bucket, n)
     SELECT conv_id, sender, bucket, n FROM x WHERE NOT x.known
 )
-UPDATE conversations c SET dense_seq = d.d1 FROM d WHERE c.conv_id = d.conv_id AND d.d1 > d.d0`, convs)
-		return err
-	})
-}
+UPDATE conversations c SET dense_seq = d.d1 FROM d WHERE c.conv_id = d.conv_id AND d.d1 > d.d0`
