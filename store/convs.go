@@ -240,26 +240,39 @@ func lockActorAs(ctx context.Context, tx pgx.Tx, ch *MembershipChange, lockSQL s
 	// the lock and the checks' read go in one. The read starts once the
 	// lock is held, so it sees every change committed before.
 	b := &pgx.Batch{}
+	queueLockActor(b, ch, lockSQL)
+	br := tx.SendBatch(ctx, b)
+	m, err := readLockActor(br, ch.Actor)
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return m, err
+}
+
+// queueLockActor queues on b the change lock of ch's conversation, taken
+// by lockSQL, and then the read of the actor's membership; readLockActor
+// reads their results, for a caller that sends more in the same batch.
+func queueLockActor(b *pgx.Batch, ch *MembershipChange, lockSQL string) {
 	b.Queue(lockSQL, changeLockKey(ch.Conv))
 	b.Queue(`SELECT m.role, coalesce(m.muted_until, 0) FROM conversations c
 		LEFT JOIN LATERAL (SELECT role, muted_until FROM membership_periods
 		                   WHERE conv_id = c.conv_id AND user_id = $2 AND to_seq IS NULL LIMIT 1) m ON true
 		WHERE c.conv_id = $1`, ch.Conv, ch.Actor)
-	br := tx.SendBatch(ctx, b)
+}
+
+// readLockActor reads the results of queueLockActor's statements from br,
+// as lockActor returns them.
+func readLockActor(br pgx.BatchResults, actor string) (member, error) {
 	if _, err := br.Exec(); err != nil {
-		br.Close()
 		return member{}, err
 	}
 	var role *Role
 	var m member
 	err := br.QueryRow().Scan(&role, &m.mutedUntil)
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return member{}, ErrNotFound
-	case err != nil || ch.Actor == "":
+	case err != nil || actor == "":
 		return member{}, err
 	case role == nil:
 		return member{}, ErrNotMember
