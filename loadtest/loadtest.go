@@ -188,6 +188,11 @@ type Config struct {
 	// dropEvery, in tests, makes the tool ignore every n-th push, as if
 	// the network had lost it, to exercise the hint → sync repair.
 	dropEvery int64
+	// notifyAcked, in tests of scenario notify, is called once the load
+	// is over, while the acking receivers go on acking, with the acks
+	// they owe; the scenario waits for it before waiting for the
+	// notifications (an error fails the run).
+	notifyAcked func(ctx context.Context, owed []ackOwed) error
 }
 
 func (c *Config) setDefaults() {

@@ -235,8 +235,32 @@ func runNotify(ctx context.Context, r *runner) error {
 		conns[g%cfg.Senders].send(convs[g].ID, k, intended)
 	})
 
-	// The acking receivers go on acking after the load.
+	// The acking receivers go on acking after the load. A test's
+	// notifyAcked (it holds the server's notifications) runs meanwhile,
+	// with the newest confirmed seq of each acking receiver's groups.
+	var settled chan error
+	if cfg.notifyAcked != nil {
+		var owed []ackOwed
+		for g, c := range convs {
+			var newest int64
+			tracks[g].mu.Lock()
+			tracks[g].sent.eachNotIn(func(seq int64) { newest = max(newest, seq) })
+			tracks[g].mu.Unlock()
+			for _, i := range members(g) {
+				if acking(i) && newest > 0 {
+					owed = append(owed, ackOwed{Device: recv[i].ID, Conv: c.ID, Seq: newest})
+				}
+			}
+		}
+		settled = make(chan error, 1)
+		go func() { settled <- cfg.notifyAcked(ctx, owed) }()
+	}
 	r.keepAcking(conns[cfg.Senders:])
+	if settled != nil {
+		if err := <-settled; err != nil {
+			return fmt.Errorf("acks of the acking receivers: %w", err)
+		}
+	}
 	// The notifications owed: each confirmed send, to each offline,
 	// unmuted receiver of its group.
 	want := map[string]bool{}
@@ -302,6 +326,12 @@ func runNotify(ctx context.Context, r *runner) error {
 	nr.LatencyMs = Summarize(sink.lat.Total())
 	r.report.Notify = nr
 	return nil
+}
+
+// ackOwed is an ack an acking receiver owes: Device holds Conv up to Seq.
+type ackOwed struct {
+	Device, Conv string
+	Seq          int64
 }
 
 // keepAcking has conns go on acking what they hold for half of

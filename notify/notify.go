@@ -90,6 +90,10 @@ type Notifier struct {
 	// worker died right then.
 	beforeFinish func(j *job, err error) bool
 
+	// held: while set (Hold, tests), shard loops claim nothing until it
+	// is closed.
+	held atomic.Pointer[chan struct{}]
+
 	stop     chan struct{}
 	loops    sync.WaitGroup // intake, shard and backlog loops
 	senders  sync.WaitGroup // provider workers
@@ -447,6 +451,9 @@ func (n *Notifier) shardLoop(shard int) {
 		case <-wait.C:
 		case <-n.q.wake[shard]:
 			wait.Stop() // (no stale fire is received after Stop)
+		}
+		if !n.waitHeld() {
+			return
 		}
 		n.q.look[shard].Store(lookNow)
 		ctx, cancel := context.WithTimeout(context.Background(), n.cfg.Lease/2)

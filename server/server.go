@@ -348,6 +348,11 @@ func (s *Server) connectedDevices(ctx context.Context, users []string) (map[stri
 // it to wait until pushes went out).
 func (s *Server) FanoutPending() int64 { return s.fan.Pending() }
 
+// HoldNotifications keeps the notifier from claiming notification jobs
+// until release is called (notify.Notifier.Hold): for tests that must let
+// acks commit before notify_delay matters, whatever the host's speed.
+func (s *Server) HoldNotifications() (release func()) { return s.notify.Hold() }
+
 // Config is the effective configuration (with generated values filled in).
 func (s *Server) Config() config.Config { return s.cfg }
 
