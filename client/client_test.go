@@ -689,10 +689,11 @@ func TestSendRetriedAfterLostReply(t *testing.T) {
 		t.Fatalf("retried send = %+v, %v; want seq 3, dup", res.r, res.err)
 	}
 
-	// Each duplicate attempt that reached the server consumed a seq, which
-	// the server fenced as a hole (docs/consistency.md, "Seqs come from
-	// Redis, PostgreSQL has the last word"): head may be above 3, with
-	// nothing visible above 3.
+	// A retry that reached the server after the original was committed
+	// took no seq; one that raced the commit (slower than the 300 ms
+	// timeout) took one, which the server fenced as a hole
+	// (docs/protocol.md §4, send): head may be above 3, with nothing
+	// visible above 3.
 	raw := dialRaw(t, env.Addr, ben[1]) // another device: ben[0] is B's
 	n := 0
 	for _, ev := range syncAll(t, raw, "g5") {
@@ -703,8 +704,8 @@ func TestSendRetriedAfterLostReply(t *testing.T) {
 	if n != 1 {
 		t.Fatalf("%d events with cmid lost-reply in the log, want 1", n)
 	}
-	// The next message lands above the holes: B, at 3, sees a gap, syncs
-	// across the holes and ends at the new head like A.
+	// The next message lands above any hole: B, at 3, syncs across them
+	// and ends at the new head like A.
 	last, err := a.Send(testCtx(t), "g5", "next", []byte("x"))
 	if err != nil {
 		t.Fatal(err)

@@ -111,10 +111,11 @@ type MemberLookups struct {
 }
 
 // Stages observe, in seconds: how long each send waited for a commit
-// worker (Queue), and how long each batch's seq allocation (Seq) and
-// PostgreSQL insert and commit (Insert) took. Nil fields are not observed.
+// worker (Queue), and how long each batch's lookup of resends (Resends),
+// seq allocation (Seq) and PostgreSQL insert and commit (Insert) took.
+// Nil fields are not observed.
 type Stages struct {
-	Queue, Seq, Insert batch.Observer
+	Queue, Resends, Seq, Insert batch.Observer
 }
 
 // Log is the conversation log of one process.
@@ -147,10 +148,20 @@ const maxUnfenced = 100000
 type pendingSend struct {
 	msg  Message
 	done func(SendResult)
-	// Set by allocate: the seq allocated, or why none was.
+	// Set by allocate: the seq allocated, or why none was; or, for a
+	// resend of a message already stored (dup), the original's seq and
+	// ts, and nothing was allocated.
 	seq      int64
 	allocErr error
+	dup      bool
+	ts       int64
 }
+
+// resendLookupTimeout bounds allocate's lookup of resends. Past it (or on
+// any error) the batch's sends are allocated seqs as if none were a
+// resend: the insert's unique key still answers a resend with its
+// original, only its seq is then left a hole.
+const resendLookupTimeout = time.Second
 
 // New starts the group-commit workers. onCommit receives every committed
 // event, in commit batches, after its transaction committed and before its
@@ -215,17 +226,60 @@ func (l *Log) mayPost(ctx context.Context, user, conv string) error {
 	return nil
 }
 
-// allocate is the ordered stage of a batch: it allocates the seqs of its
-// sends in one Redis round trip (one seq_alloc call, an INCRBY per
-// conversation). Batches are allocated one at a time in queue order, so a
-// connection's sends get increasing seqs even though batches commit
-// concurrently.
+// allocate is the ordered stage of a batch: it answers the resends of
+// messages already stored (one PostgreSQL lookup), then allocates the
+// seqs of the other sends in one Redis round trip (one seq_alloc call, an
+// INCRBY per conversation). Batches are allocated one at a time in queue
+// order, so a connection's sends get increasing seqs even though batches
+// commit concurrently.
 func (l *Log) allocate(items []*pendingSend) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	start := time.Now()
-	l.allocateEach(ctx, items)
+	fresh := l.answerResends(ctx, items)
+	start = batch.ObserveSince(l.cfg.Stages.Resends, start)
+	if len(fresh) > 0 {
+		l.allocateEach(ctx, fresh)
+	}
 	batch.ObserveSince(l.cfg.Stages.Seq, start)
+}
+
+// answerResends marks the items whose (conv, sender, cmid) is stored
+// already as duplicates of the stored message, with its seq and ts, so
+// that they allocate nothing, and returns the others (items itself when
+// there are none). It reads committed rows, in one statement: a resend of
+// a message whose send_ok went out is always found; one racing its
+// original's commit is not, and is caught by the insert's unique key
+// instead (its seq then left a hole). A failed lookup finds nothing.
+func (l *Log) answerResends(ctx context.Context, items []*pendingSend) []*pendingSend {
+	keys := make([]store.SendKey, len(items))
+	for i, it := range items {
+		keys[i] = store.SendKey{Conv: it.msg.Conv, Sender: it.msg.Sender, Cmid: it.msg.Cmid}
+	}
+	ctx, cancel := context.WithTimeout(ctx, resendLookupTimeout)
+	sent, err := l.st.StoredSends(ctx, keys)
+	cancel()
+	if err != nil {
+		l.log.Debug("looking up resends before allocating seqs", "sends", len(items), "err", err)
+		return items
+	}
+	var fresh []*pendingSend
+	for i, it := range items {
+		if sent[i].Seq == 0 {
+			if fresh != nil {
+				fresh = append(fresh, it)
+			}
+			continue
+		}
+		if fresh == nil {
+			fresh = append(make([]*pendingSend, 0, len(items)-1), items[:i]...)
+		}
+		it.dup, it.seq, it.ts, it.allocErr = true, sent[i].Seq, sent[i].Ts, nil
+	}
+	if fresh == nil {
+		return items
+	}
+	return fresh
 }
 
 // allocateEach sets the seq (or allocErr) of every item. A conversation
@@ -281,6 +335,10 @@ func (l *Log) commitSends(items []*pendingSend) {
 		results, msgs, err := l.insertBatch(ctx, todo)
 		if err != nil {
 			for _, it := range todo {
+				if it.dup { // answered by the lookup: the failed insert was not its
+					it.done(SendResult{Seq: it.seq, Ts: it.ts, Dup: true})
+					continue
+				}
 				it.done(SendResult{Err: err})
 			}
 			l.fenceFailed(msgs)
@@ -331,6 +389,10 @@ func (l *Log) insertBatch(ctx context.Context, items []*pendingSend) ([]store.In
 	var at []int
 	var toInsert []store.NewMessage
 	for k, it := range items {
+		if it.dup {
+			results[k] = store.InsertResult{Seq: it.seq, Ts: it.ts, Dup: true}
+			continue
+		}
 		if it.allocErr != nil {
 			results[k].Err = it.allocErr
 			continue

@@ -30,7 +30,8 @@ func newStoreMetrics(reg prometheus.Registerer) storeMetrics {
 			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512}}, []string{"kind"}),
 		stages: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "parley_commit_stage_seconds",
 			Help: "Where group-committed requests spend their time, by kind (send, ack, read) and stage: " +
-				"queue (per request: waiting for a commit worker); per batch: redis (a send batch's seq allocation, " +
+				"queue (per request: waiting for a commit worker); per batch: resends (a send batch's lookup of " +
+				"messages already stored, before allocating seqs), redis (a send batch's seq allocation, " +
 				"an ack or read batch's hot copy), postgres (the batch's statement and commit).",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 14)}, []string{"kind", "stage"}),
 		redisErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "parley_redis_errors_total",

@@ -238,7 +238,7 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Server, e
 	sends := sm.commitMetrics("send")
 	s.events = eventlog.New(s.st, seqs, eventlog.Config{HoleTimeout: cfg.HoleTimeout, CommitBatch: cfg.CommitBatch, CommitWorkers: cfg.CommitWorkers, CommitLinger: cfg.CommitLinger,
 		RecipientsBelow: cfg.WriteFanoutMax, BatchSizes: sends.Sizes,
-		Stages: eventlog.Stages{Queue: sends.Queue, Seq: sends.Redis, Insert: sends.Postgres},
+		Stages: eventlog.Stages{Queue: sends.Queue, Resends: sm.stages.WithLabelValues("send", "resends"), Seq: sends.Redis, Insert: sends.Postgres},
 		MemberLookups: eventlog.MemberLookups{Waited: sm.memberLookups.WithLabelValues("send"),
 			Refreshed: sm.memberLookups.WithLabelValues("refresh")},
 		BeforeLeave: s.fan.BeforeLeave,

@@ -111,9 +111,11 @@ type InsertResult struct {
 func (s *Store) InsertMessages(ctx context.Context, msgs []NewMessage, recipientsBelow int) ([]InsertResult, error) {
 	// The first try is a plain INSERT: checking every unique key before
 	// inserting (ON CONFLICT DO NOTHING) costs about a third of the
-	// statement, and conflicts are rare (a client's resend of a cmid, a
-	// seq counter lost in Redis). A conflict fails the whole statement,
-	// which then runs again in the conflict-tolerant form.
+	// statement, and conflicts are rare (a resend racing its original:
+	// the send path answers the resends of stored messages before they
+	// get here, StoredSends; a seq counter lost in Redis). A conflict
+	// fails the whole statement, which then runs again in the
+	// conflict-tolerant form.
 	res, err := s.insertRetrying(ctx, msgs, recipientsBelow, insertPlain)
 	if err != nil {
 		return res, err
@@ -421,6 +423,73 @@ func genericBatch(begin, lockSQL string, keys []int64, sql string, args []any) (
 	return b, before
 }
 
+// storedSendSQL is the message stored under the idempotency key (u.sender,
+// u.cmid) in the conversation c.conv_key, as (seq, ts), or no row: through
+// events_by_cmid_hash (its hash, then sender and cmid compared), then
+// events_by_cmid_collided (empty in practice; migration 0013). A LATERAL
+// subquery of rows u and c.
+const storedSendSQL = `(SELECT e.seq, e.ts FROM events e
+			 WHERE e.conv_key = c.conv_key AND parley_cmid_hash(e.sender, e.cmid) = parley_cmid_hash(u.sender, u.cmid)
+			   AND e.cmid IS NOT NULL AND e.cmid_collided IS NULL AND e.sender = u.sender AND e.cmid = u.cmid)
+			UNION ALL
+			(SELECT e.seq, e.ts FROM events e
+			 WHERE e.conv_key = c.conv_key AND e.sender = u.sender AND e.cmid = u.cmid AND e.cmid_collided)
+			LIMIT 1`
+
+// SendKey is a message's idempotency key: its conversation, sender and
+// cmid.
+type SendKey struct{ Conv, Sender, Cmid string }
+
+// Sent is where a message is stored: its seq and ts (Seq 0: nowhere).
+type Sent struct{ Seq, Ts int64 }
+
+// StoredSends returns, for each of keys, the message already stored under
+// it (a zero Sent if none), in one statement: an index probe per key on
+// the idempotency index. The send path asks it before allocating seqs, so
+// that the resend of a message that was already stored is answered with
+// the original seq without allocating one (docs/consistency.md). It reads
+// committed rows only: a message whose insert is still in flight is not
+// found.
+func (s *Store) StoredSends(ctx context.Context, keys []SendKey) ([]Sent, error) {
+	out := make([]Sent, len(keys))
+	at := make([]int, 0, len(keys)) // the index in keys of each key asked
+	convs, senders, cmids := make([]string, 0, len(keys)), make([]string, 0, len(keys)), make([]string, 0, len(keys))
+	for i, k := range keys {
+		if storable(k.Conv) && storable(k.Sender) && storable(k.Cmid) { // others were never stored
+			at = append(at, i)
+			convs, senders, cmids = append(convs, k.Conv), append(senders, k.Sender), append(cmids, k.Cmid)
+		}
+	}
+	if len(at) == 0 {
+		return out, nil
+	}
+	// One statement, outside any explicit transaction (it reads one
+	// snapshot either way): no BEGIN and COMMIT to pay for on the send path.
+	rows, err := s.pool.Query(ctx, `SELECT u.i, e.seq, e.ts
+		FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS u(conv, sender, cmid, i)
+		CROSS JOIN LATERAL (SELECT c.conv_key FROM conversations c WHERE c.conv_id = u.conv LIMIT 1) c
+		CROSS JOIN LATERAL (`+storedSendSQL+`) e`, convs, senders, cmids)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var i int64
+		var sent Sent
+		if err := rows.Scan(&i, &sent.Seq, &sent.Ts); err != nil {
+			return nil, err
+		}
+		if i < 1 || i > int64(len(at)) {
+			return nil, fmt.Errorf("store: stored send %d of %d", i, len(at))
+		}
+		out[at[i-1]] = sent
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // resolveMissing explains rows that InsertMessages did not insert. The
 // original of a duplicate is looked up through events_by_cmid_hash (its
 // hash, then its sender and cmid compared) and events_by_cmid_collided;
@@ -439,14 +508,7 @@ func resolveMissing(ctx context.Context, tx querier, msgs []NewMessage, missing 
 				AND h.cmid IS NOT NULL AND h.cmid_collided IS NULL)
 		FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::bigint[]) AS u(i, conv, sender, cmid, seq, ts)
 		LEFT JOIN conversations c ON c.conv_id = u.conv
-		LEFT JOIN LATERAL (
-			(SELECT e.seq, e.ts FROM events e
-			 WHERE e.conv_key = c.conv_key AND parley_cmid_hash(e.sender, e.cmid) = parley_cmid_hash(u.sender, u.cmid)
-			   AND e.cmid IS NOT NULL AND e.cmid_collided IS NULL AND e.sender = u.sender AND e.cmid = u.cmid)
-			UNION ALL
-			(SELECT e.seq, e.ts FROM events e
-			 WHERE e.conv_key = c.conv_key AND e.sender = u.sender AND e.cmid = u.cmid AND e.cmid_collided)
-			LIMIT 1) e ON true`, idx, convs, senders, cmids, seqs, tss)
+		LEFT JOIN LATERAL (`+storedSendSQL+`) e ON true`, idx, convs, senders, cmids, seqs, tss)
 	if err != nil {
 		return err
 	}

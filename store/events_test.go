@@ -260,3 +260,53 @@ func TestReadMergeCarriesReceiptsPrivate(t *testing.T) {
 		t.Fatalf("clear by ana, private: %+v %v", c, err)
 	}
 }
+
+// StoredSends finds the messages stored under idempotency keys, through
+// the hash index and, for rows whose hash another (sender, cmid) holds,
+// the collided rows' index; keys never stored (another sender's cmid, a
+// conversation that does not exist, ids PostgreSQL cannot hold) find
+// nothing and fail nothing.
+func TestStoredSends(t *testing.T) {
+	env, st, ctx := startStore(t)
+	env.Group(t, "g", "ana", "ben") // seq 1
+	conn := pgConn(t, ctx, env)
+	msg := func(sender, cmid string, seq int64) store.NewMessage {
+		return store.NewMessage{Conv: "g", Sender: sender, Cmid: cmid, Body: []byte(cmid), Seq: seq, Ts: 1000 + seq}
+	}
+	if _, err := st.InsertMessages(ctx, []store.NewMessage{msg("ana", "a", 2)}, 100); err != nil {
+		t.Fatal(err)
+	}
+	// Every hash equal from here on: b and c are stored as collided rows.
+	if _, err := conn.Exec(ctx, `CREATE OR REPLACE FUNCTION parley_cmid_hash(p_sender text, p_cmid text) RETURNS bigint
+		LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 7::bigint $$`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `REINDEX INDEX events_by_cmid_hash`); err != nil {
+		t.Fatal(err)
+	}
+	res, err := st.InsertMessages(ctx, []store.NewMessage{msg("ben", "b", 3), msg("ana", "c", 4)}, 100)
+	if err != nil || res[0].Err != nil || res[1].Err != nil {
+		t.Fatalf("inserting collided rows: %+v %v", res, err)
+	}
+	keys := []store.SendKey{
+		{"g", "ana", "a"},      // the hashed row
+		{"g", "ben", "b"},      // a collided row
+		{"g", "ben", "a"},      // ana's cmid, another sender
+		{"g", "ana", "c"},      // a collided row
+		{"g", "ana", "new"},    // never stored
+		{"nope", "ana", "a"},   // no such conversation
+		{"g", "ana", "x\x00y"}, // not a text value PostgreSQL can hold
+		{"g", "ana", "\xff"},   // nor this
+	}
+	got, err := st.StoredSends(ctx, keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []store.Sent{{2, 1002}, {3, 1003}, {}, {4, 1004}, {}, {}, {}, {}}
+	if !slices.Equal(got, want) {
+		t.Fatalf("stored sends %v, want %v", got, want)
+	}
+	if got, err := st.StoredSends(ctx, nil); err != nil || len(got) != 0 {
+		t.Fatalf("no keys: %v %v", got, err)
+	}
+}
