@@ -465,10 +465,24 @@ func (s *Store) StoredSends(ctx context.Context, keys []SendKey) ([]Sent, error)
 	}
 	// One statement, outside any explicit transaction (it reads one
 	// snapshot either way): no BEGIN and COMMIT to pay for on the send path.
-	rows, err := s.pool.Query(ctx, `SELECT u.i, e.seq, e.ts
+	//
+	// A new message (nearly every send) costs two index probes: its
+	// conversation's key, then its hash in events_by_cmid_hash, where it
+	// finds nothing. events_by_cmid_collided is probed only when a row of
+	// another (sender, cmid) holds the hash: a collided row is stored only
+	// then, and events are never deleted, so without such a row there is
+	// no collided row to find. (Each LATERAL subquery has its LIMIT so
+	// that the planner keeps it a parameterized index probe per key: one
+	// without is pulled up into a join, which may scan all of events.)
+	rows, err := s.pool.Query(ctx, `SELECT u.i, coalesce(x.seq, h.seq), coalesce(x.ts, h.ts)
 		FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS u(conv, sender, cmid, i)
 		CROSS JOIN LATERAL (SELECT c.conv_key FROM conversations c WHERE c.conv_id = u.conv LIMIT 1) c
-		CROSS JOIN LATERAL (`+storedSendSQL+`) e`, convs, senders, cmids)
+		CROSS JOIN LATERAL (SELECT h.seq, h.ts, h.sender = u.sender AND h.cmid = u.cmid AS same FROM events h
+			WHERE h.conv_key = c.conv_key AND parley_cmid_hash(h.sender, h.cmid) = parley_cmid_hash(u.sender, u.cmid)
+			  AND h.cmid IS NOT NULL AND h.cmid_collided IS NULL LIMIT 1) h
+		LEFT JOIN LATERAL (SELECT e.seq, e.ts FROM events e
+			WHERE NOT h.same AND e.conv_key = c.conv_key AND e.sender = u.sender AND e.cmid = u.cmid AND e.cmid_collided LIMIT 1) x ON true
+		WHERE h.same OR x.seq IS NOT NULL`, convs, senders, cmids)
 	if err != nil {
 		return nil, err
 	}
