@@ -3,6 +3,8 @@ package wire
 import (
 	"bytes"
 	"testing"
+
+	"github.com/vmihailenco/msgpack/v5"
 )
 
 func BenchmarkAppendFrame(b *testing.B) {
@@ -61,6 +63,20 @@ func BenchmarkDecodeRequest(b *testing.B) {
 			}
 		})
 	}
+	// muted_until as a float64, as JavaScript's encoders write it.
+	body, err := msgpack.Marshal(map[string]any{"t": TConvSettings, "conv": "conv-0123456789", "muted_until": float64(1735689600123)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("conv_settings-float64", func(b *testing.B) {
+		b.ReportAllocs()
+		b.SetBytes(int64(len(body)))
+		for b.Loop() {
+			if q, err := DecodeRequest(body); err != nil || q.MutedUntil != 1735689600123 {
+				b.Fatal(q, err)
+			}
+		}
+	})
 }
 
 func BenchmarkDecodeMessage(b *testing.B) {

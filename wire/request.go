@@ -1,7 +1,9 @@
 package wire
 
 import (
+	"encoding/binary"
 	"fmt"
+	"math"
 	"math/bits"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -233,8 +235,9 @@ func wrongType(field string, cl uint8) *Error {
 //   - BAD_FRAME: undecodable msgpack (truncated, invalid, trailing bytes,
 //     nesting deeper than 32), not a map, a non-string key, `t` missing / not
 //     a string / not a client request type.
-//   - BAD_REQUEST: a known field of the wrong type, a negative or out-of-range
-//     seq/after/limit, a missing or empty required field (auth: device, token;
+//   - BAD_REQUEST: a known field of the wrong type (a float that is not an
+//     exact integer, for an integer field), a negative or out-of-range
+//     seq/after/limit/muted_until, a missing or empty required field (auth: device, token;
 //     conv_create: kind ("group"|"direct"), members; members_add: conv, users;
 //     leave: conv; send: conv, cmid, body; sync: conv, after; ack, read,
 //     recall, clear: conv, seq; edit: conv, seq, body; typing, receipts:
@@ -247,7 +250,8 @@ func wrongType(field string, cl uint8) *Error {
 // On error the returned Request carries T (when it is a valid type) and Rid
 // (when it decoded as a string), so the error reply can echo rid. Unknown
 // keys are skipped; a nil value counts as absent; `body` may be bin or str
-// and is copied; integers may have any msgpack width.
+// and is copied; integers may have any msgpack width, or be a float32 or
+// float64 that holds an exact integer.
 func DecodeRequest(b []byte) (Request, error) {
 	var q Request
 	if err := q.decode(b); err != nil {
@@ -523,22 +527,70 @@ func (q *Request) boolean(r *reader, cl uint8, f Field, dst *bool) *Error {
 }
 
 func (q *Request) nonNeg(r *reader, cl uint8, f Field, dst *int64) *Error {
-	if cl != clInt {
-		return wrongType(fieldName(f), cl)
-	}
-	v, ok, err := r.int()
+	v, bad, err := nonNegInt(r, cl)
 	if err != nil {
 		return err
 	}
-	if !ok {
-		return &Error{Code: BadRequest, Msg: fieldName(f) + ": out of range"}
-	}
-	if v < 0 {
-		return &Error{Code: BadRequest, Msg: fieldName(f) + ": negative"}
+	if bad != "" {
+		return &Error{Code: BadRequest, Msg: fieldName(f) + ": " + bad}
 	}
 	*dst = v
 	q.Has |= f
 	return nil
+}
+
+// nonNegInt reads the value of an integer field (cl is its class): a
+// msgpack integer of any width, or a float32 or float64 that holds an
+// exact integer (JavaScript's encoders write numbers such as Unix
+// milliseconds as float64), that is at least 0 and fits an int64. For
+// anything else, bad says what is wrong with it (the field's BAD_REQUEST);
+// err is a BAD_FRAME (truncated input).
+func nonNegInt(r *reader, cl uint8) (v int64, bad string, err *Error) {
+	switch cl {
+	case clInt:
+		var ok bool
+		if v, ok, err = r.int(); err != nil {
+			return 0, "", err
+		} else if !ok {
+			return 0, "out of range", nil
+		}
+	case clFloat:
+		f, err := r.float()
+		if err != nil {
+			return 0, "", err
+		}
+		switch {
+		case f != math.Trunc(f) || math.IsInf(f, 0): // NaN too: NaN != NaN
+			return 0, "wrong type (float that is not an integer)", nil
+		case f < -(1<<63) || f >= 1<<63:
+			return 0, "out of range", nil
+		}
+		v = int64(f)
+	default:
+		return 0, "wrong type (" + classNames[cl] + ")", nil
+	}
+	if v < 0 {
+		return 0, "negative", nil
+	}
+	return v, "", nil
+}
+
+// float reads a msgpack float32 or float64 (the next value's class is
+// clFloat) as a float64.
+func (r *reader) float() (float64, *Error) {
+	n := 4
+	if r.b[r.off] == 0xcb {
+		n = 8
+	}
+	if r.rem() < 1+n {
+		return 0, errTruncated
+	}
+	p := r.b[r.off+1 : r.off+1+n]
+	r.off += 1 + n
+	if n == 4 {
+		return float64(math.Float32frombits(binary.BigEndian.Uint32(p))), nil
+	}
+	return math.Float64frombits(binary.BigEndian.Uint64(p)), nil
 }
 
 func (q *Request) strs(r *reader, cl uint8, f Field, dst *[]string) *Error {
@@ -607,15 +659,12 @@ func (q *Request) convs(r *reader, cl uint8) *Error {
 				ca.Conv = string(p)
 				hasConv = true
 			case string(k) == "after":
-				if vcl != clInt {
-					return wrongType(fmt.Sprintf("convs[%d].after", i), vcl)
-				}
-				v, ok, err := r.int()
+				v, bad, err := nonNegInt(r, vcl)
 				if err != nil {
 					return err
 				}
-				if !ok || v < 0 {
-					return &Error{Code: BadRequest, Msg: fmt.Sprintf("convs[%d].after: negative or out of range", i)}
+				if bad != "" {
+					return &Error{Code: BadRequest, Msg: fmt.Sprintf("convs[%d].after: %s", i, bad)}
 				}
 				ca.After = v
 				hasAfter = true

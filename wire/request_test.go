@@ -2,8 +2,10 @@ package wire
 
 import (
 	"bytes"
+	"math"
 	"reflect"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 
@@ -386,5 +388,136 @@ func TestDecodeRequestAllocs(t *testing.T) {
 func TestFieldString(t *testing.T) {
 	if s := (FRid | FSeq | FMentionAll).String(); s != "rid|seq|mention_all" {
 		t.Fatal(s)
+	}
+}
+
+// TestDecodeRequestIntegersAsFloats: wherever a request has an integer
+// field, a float32 or float64 that holds an exact integer (JavaScript's
+// msgpack encoders write large numbers such as Unix milliseconds as
+// float64) is that integer; any other float (a fraction, NaN, an
+// infinity, a negative value, one beyond int64) is BAD_REQUEST naming the
+// field, with rid echoed, as before (docs/protocol.md §1). Every integer
+// field of every request type is in the table: a request type or an int64
+// field of Request that it misses fails the test.
+func TestDecodeRequestIntegersAsFloats(t *testing.T) {
+	type M = map[string]any
+	rows := []struct {
+		typ, field string
+		base       M // the request's other required fields
+	}{
+		{TSync, "after", M{"conv": "c"}},
+		{TSync, "limit", M{"conv": "c", "after": 0}},
+		{TConvs, "limit", M{}},
+		{TAck, "seq", M{"conv": "c"}},
+		{TRead, "seq", M{"conv": "c"}},
+		{TRecall, "seq", M{"conv": "c"}},
+		{TClear, "seq", M{"conv": "c"}},
+		{TEdit, "seq", M{"conv": "c", "body": []byte("x")}},
+		{TConvSettings, "muted_until", M{"conv": "c"}},
+		{TMemberMute, "muted_until", M{"conv": "c", "user": "u"}},
+		{TSnapshot, "convs[].after", M{}},
+	}
+	// Completeness: every int64 field of Request, in every request type
+	// that has it, has a row (and snapshot's convs[].after, above).
+	intFields := map[string]Field{}
+	rt := reflect.TypeOf(Request{})
+	for i := range rt.NumField() {
+		if rt.Field(i).Type.Kind() != reflect.Int64 {
+			continue
+		}
+		f, ok := map[string]Field{"Seq": FSeq, "After": FAfter, "Limit": FLimit, "MutedUntil": FMutedUntil}[rt.Field(i).Name]
+		if !ok {
+			t.Fatalf("Request.%s is an integer field this test does not know", rt.Field(i).Name)
+		}
+		intFields[fieldName(f)] = f
+	}
+	for _, typ := range []string{TAuth, TRefresh, TPing, TConvCreate, TMembersAdd, TLeave, TSend, TSync, TAck, TRead,
+		TRecall, TEdit, TClear, TTyping, TReceipts, TSettings, TConvs, TSnapshot, TNotifyRegister, TNotifyUnregister,
+		TConvSettings, TRole, TMembersRemove, TMemberMute, TBan, TUnban, TConvUpdate} {
+		spec, ok := specOf(typ)
+		if !ok || requestType([]byte(typ)) != typ {
+			t.Fatalf("%s is not a request type", typ)
+		}
+		for name, f := range intFields {
+			if (spec.req|spec.opt)&f == 0 {
+				continue
+			}
+			if !slices.ContainsFunc(rows, func(r struct {
+				typ, field string
+				base       M
+			}) bool {
+				return r.typ == typ && r.field == name
+			}) {
+				t.Errorf("no row for %s.%s", typ, name)
+			}
+		}
+	}
+
+	frame := func(typ, field string, base M, v any) []byte {
+		m := M{"t": typ, "rid": "r"}
+		for k, x := range base {
+			m[k] = x
+		}
+		if field == "convs[].after" {
+			m["convs"] = []any{M{"conv": "c", "after": v}}
+		} else {
+			m[field] = v
+		}
+		return mp(t, m)
+	}
+	value := func(q Request, field string) int64 {
+		switch field {
+		case "seq":
+			return q.Seq
+		case "after":
+			return q.After
+		case "limit":
+			return q.Limit
+		case "muted_until":
+			return q.MutedUntil
+		case "convs[].after":
+			return q.Convs[0].After
+		}
+		t.Fatalf("unknown field %s", field)
+		return 0
+	}
+	accepted := []struct {
+		v    any
+		want int64
+	}{
+		{0.0, 0}, {math.Copysign(0, -1), 0}, {7.0, 7}, {1717400000123.0, 1717400000123},
+		{float64(1 << 53), 1 << 53}, {float64(1<<53 + 2), 1<<53 + 2}, {float64(1 << 62), 1 << 62},
+		{float64(1<<63 - 1024), 1<<63 - 1024}, // the largest float64 below 2^63
+		{float32(0), 0}, {float32(3), 3}, {float32(1 << 24), 1 << 24}, {float32(1 << 40), 1 << 40},
+	}
+	refused := []any{
+		1.5, 0.5, -0.5, 1717400000123.5, math.NaN(), math.Inf(1), math.Inf(-1), -1.0, -1717400000123.0,
+		float64(1 << 63), 1e300, -1e300, math.MaxFloat64, math.SmallestNonzeroFloat64,
+		float32(2.5), float32(math.NaN()), float32(math.Inf(1)), float32(-3), float32(1 << 63),
+	}
+	for _, r := range rows {
+		for _, a := range accepted {
+			if b := mp(t, a.v); b[0] != 0xca && b[0] != 0xcb {
+				t.Fatalf("%T %v is not encoded as a float: % x", a.v, a.v, b)
+			}
+			q, err := DecodeRequest(frame(r.typ, r.field, r.base, a.v))
+			if err != nil || value(q, r.field) != a.want || q.Rid != "r" {
+				t.Errorf("%s.%s = %T %v: %+v %v; want %d", r.typ, r.field, a.v, a.v, q, err, a.want)
+			}
+		}
+		for _, v := range refused {
+			q, err := DecodeRequest(frame(r.typ, r.field, r.base, v))
+			e, ok := AsError(err)
+			name := strings.TrimSuffix(r.field, "[].after")
+			if !ok || e.Code != BadRequest || !strings.Contains(e.Msg, name) || q.T != r.typ || q.Rid != "r" {
+				t.Errorf("%s.%s = %T %v: %v (T %q, rid %q); want BAD_REQUEST naming the field", r.typ, r.field, v, v, err, q.T, q.Rid)
+			}
+		}
+	}
+	// A float cut short is a truncated frame.
+	for _, tail := range [][]byte{{0xcb, 0x42}, {0xca, 0x40, 0x40}, {0xcb}} {
+		in := cat([]byte{0x83}, fixstr("t"), fixstr("ack"), fixstr("conv"), fixstr("c"), fixstr("seq"), tail)
+		_, err := DecodeRequest(in)
+		wantCode(t, err, BadFrame)
 	}
 }
