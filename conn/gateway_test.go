@@ -345,7 +345,8 @@ func TestFraming(t *testing.T) {
 	maxFrame := env.Cfg.MaxFrame
 
 	// N = 0 breaks the framing: BAD_FRAME, then the connection is closed,
-	// before and after auth alike.
+	// before and after auth alike (as the first frame it is not
+	// UNAUTHENTICATED: docs/protocol.md §1, §2).
 	t.Run("ZeroLength", func(t *testing.T) {
 		t.Parallel()
 		for _, authed := range []bool{false, true} {

@@ -222,6 +222,88 @@ func TestSession(t *testing.T) {
 		r.ping()
 	})
 
+	// An auth answered BAD_REQUEST (a missing, empty or mistyped field)
+	// leaves the connection open and unauthenticated: a corrected auth may
+	// follow, after any number of bad ones, but only an auth (anything
+	// else is UNAUTHENTICATED and close), and only within auth_timeout of
+	// connecting, which the bad ones do not extend (docs/protocol.md §2).
+	t.Run("AuthRetryAfterBadRequest", func(t *testing.T) {
+		t.Parallel()
+		bad := [][]byte{
+			mpMap("t", "auth", "rid", "b", "device", "d"),                               // no token
+			mpMap("t", "auth", "rid", "b", "token", "x"),                                // no device
+			mpMap("t", "auth", "rid", "b", "device", "", "token", "x"),                  // empty device
+			mpMap("t", "auth", "rid", "b", "device", 7, "token", "x"),                   // mistyped device
+			mpMap("t", "auth", "rid", "b", "jwt", ""),                                   // empty jwt
+			mpMap("t", "auth", "rid", "b", "jwt", "a.b.c", "device", "d", "token", "x"), // jwt and a token
+		}
+		for i, b := range bad {
+			dev := newUser(t, env, "u")
+			r := dialRaw(t, env)
+			r.write(withBody(b))
+			r.expectError(wire.BadRequest, "b")
+			if i%2 == 1 { // and again
+				r.write(withBody(b))
+				r.expectError(wire.BadRequest, "b")
+			}
+			r.auth(dev)
+			r.ping()
+		}
+		// After a bad auth, a frame other than auth closes the connection,
+		// pipelined with it or not.
+		for _, next := range [][]byte{
+			mustFrame(t, wire.Request{T: wire.TPing, Rid: "n"}),
+			mustFrame(t, wire.Request{T: wire.TSync, Rid: "n", Conv: "c"}),
+		} {
+			r := dialRaw(t, env)
+			r.write(withBody(bad[0]))
+			r.expectError(wire.BadRequest, "b")
+			r.write(next)
+			r.expectError(wire.Unauthenticated, "n")
+			r.expectClosed(3 * time.Second)
+
+			r = dialRaw(t, env)
+			r.write(append(withBody(bad[0]), next...))
+			r.expectError(wire.BadRequest, "b")
+			r.expectError(wire.Unauthenticated, "n")
+			r.expectClosed(3 * time.Second)
+		}
+		// Bad auths do not keep a connection past auth_timeout.
+		start := time.Now()
+		r := dialRaw(t, env)
+		for {
+			r.write(withBody(bad[0]))
+			m, closed := r.next(3 * time.Second)
+			if closed {
+				t.Fatalf("closed without UNAUTHENTICATED: %v", r.err)
+			}
+			if m.T == wire.TError && m.Code == wire.BadRequest {
+				if time.Since(start) > authTimeout+tick+2*time.Second {
+					t.Fatalf("bad auths keep an unauthenticated connection open past auth_timeout")
+				}
+				time.Sleep(100 * time.Millisecond) // pacing of the retries
+				continue
+			}
+			if m.T != wire.TError || m.Code != wire.Unauthenticated {
+				t.Fatalf("got %+v", m)
+			}
+			break
+		}
+		if d := time.Since(start); d < authTimeout-50*time.Millisecond {
+			t.Fatalf("refused after %v, before auth_timeout %v", d, authTimeout)
+		}
+		for { // any BAD_REQUEST still in flight, then the close
+			m, closed := r.next(3 * time.Second)
+			if closed {
+				break
+			}
+			if m.T != wire.TError || m.Code != wire.BadRequest {
+				t.Fatalf("after UNAUTHENTICATED: %+v", m)
+			}
+		}
+		assertServerHealthy(t, env)
+	})
+
 	// An authenticated connection that sends nothing for idle_timeout is
 	// closed; one that pings stays open.
 	t.Run("IdleTimeout", func(t *testing.T) {

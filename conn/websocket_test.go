@@ -459,6 +459,13 @@ func TestWebSocketMessages(t *testing.T) {
 		w.frame(ws.OpBinary, true, true, nil)
 		w.expectError(wire.BadFrame)
 		w.ping()
+		// As the first message, an empty one is a body that does not
+		// decode, like any other (there is no length prefix to be 0):
+		// UNAUTHENTICATED and close (docs/protocol.md §2).
+		w2 := dialWS(t, env)
+		w2.frame(ws.OpBinary, true, true, nil)
+		w2.expectError(wire.Unauthenticated)
+		w2.expectClose(ws.StatusPolicyViolation)
 	})
 
 	for _, c := range []struct {
