@@ -5,11 +5,12 @@
 //
 //	parley-load SCENARIO -addr HOST:PORT -admin URL -token T -rate N -duration D [-json FILE] [scenario flags]
 //
-// Scenarios: direct, group, large, idle, storm, mixed. Exit status: 0 when
-// every confirmed message was pushed exactly once (idle: every connection
-// held; storm: every device reconnected and got its snapshot; mixed: also
-// no read_ok below the seq read), 1 when not, 2 for a usage error, 3 when
-// the run could not be made.
+// Scenarios: direct, group, large, idle, storm, mixed, typing, notify.
+// Exit status: 0 when every confirmed message was pushed exactly once
+// (idle: every connection held; storm: every device reconnected and got
+// its snapshot; mixed: also no read_ok below the seq read; notify: also no
+// owed notification missing, none unexpected, none badly signed), 1 when
+// not, 2 for a usage error, 3 when the run could not be made.
 package main
 
 import (
@@ -256,6 +257,8 @@ var scenarioHelp = map[string]string{
 	"typing": "typing frames only, relayed to the groups' other members (-devices, -groups, -size)",
 	"mixed": "multi-device users (-devices-per-user) in direct conversations and groups, random\n" +
 		"          senders, read reports (-users, -directs, -groups, -size, -read-prob, -read-delay)",
+	"notify": "groups of offline receivers owed webhook notifications, which the tool's sink receives\n" +
+		"          and checks (-groups, -size, -users, -senders, -sink, -sink-secret, -notify-delay)",
 }
 
 func usage(fs *flag.FlagSet) {

@@ -12,6 +12,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"runtime"
@@ -66,7 +67,7 @@ func main() {
 		os.Exit(1)
 	}
 	eff := srv.Config()
-	log.Info("parleyd ready", "gateway", eff.Listen, "admin", "http://"+srv.AdminAddr(), "metrics", srv.MetricsAddr(), "gateway_id", eff.GatewayID)
+	log.Info("parleyd ready", readyAttrs(eff, srv.AdminAddr(), srv.MetricsAddr())...)
 	if cfg.AdminToken == "" {
 		log.Info("generated admin token (set admin_token or PARLEY_ADMIN_TOKEN to choose one)", "admin_token", eff.AdminToken)
 	}
@@ -85,6 +86,22 @@ func main() {
 	if err := srv.Shutdown(sctx); err != nil {
 		log.Warn("shutdown", "err", err)
 	}
+}
+
+// readyAttrs are the attributes of the "parleyd ready" line: where each
+// listener is, and the gateway's id. The WebSocket listener is named
+// either way: as the URL a client connects to when ws_listen is set (a
+// host left out or unspecified there is reached at 127.0.0.1), as "off"
+// when it is not.
+func readyAttrs(eff config.Config, admin, metrics string) []any {
+	ws := "off"
+	if host, port, err := net.SplitHostPort(eff.WSListen); eff.WSListen != "" && err == nil {
+		if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+			host = "127.0.0.1"
+		}
+		ws = "ws://" + net.JoinHostPort(host, port) + "/v1/ws"
+	}
+	return []any{"gateway", eff.Listen, "websocket", ws, "admin", "http://" + admin, "metrics", metrics, "gateway_id", eff.GatewayID}
 }
 
 // redisLogger adapts slog to go-redis's logger.
