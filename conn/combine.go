@@ -113,11 +113,29 @@ func (g *Gateway) initCombiners() {
 		Sizes: g.metrics.combined.WithLabelValues("online"),
 	}
 	// Each auth registers its connection in the route table: a pipeline
-	// per batch, not a round trip per device.
+	// per batch, not a round trip per device. The batch's users are then
+	// announced to every gateway in one bus message (Deps.Announce), so
+	// that typing and receipts relayed anywhere reach the new
+	// connections from their auth_ok on; a lost announcement costs only
+	// that, so it fails no auth.
 	g.registers = combine.Combiner[route.Registration, route.Registered]{
 		Workers: combineWorkers, Max: authBatch, Timeout: g.cfg.RequestTimeout, Log: g.log, Go: g.goroutine,
 		Run: func(ctx context.Context, rs []route.Registration) ([]route.Registered, error) {
-			return g.deps.Routes.RegisterMany(ctx, rs), nil
+			out := g.deps.Routes.RegisterMany(ctx, rs)
+			if g.deps.Announce != nil {
+				users := make([]string, 0, len(rs))
+				seen := make(map[string]bool, len(rs))
+				for i, r := range rs {
+					if out[i].Err == nil && !seen[r.User] {
+						seen[r.User] = true
+						users = append(users, r.User)
+					}
+				}
+				if err := g.deps.Announce(ctx, users); err != nil {
+					g.log.Debug("announcing new connections", "users", len(users), "err", err)
+				}
+			}
+			return out, nil
 		},
 		Sizes: g.metrics.combined.WithLabelValues("register"),
 	}

@@ -64,6 +64,11 @@ type Deps struct {
 	// the route table through this gateway, so that routes NotifyMany
 	// reuses are looked up again (nil: none are reused, or nobody cares).
 	RoutesChanged func(user string)
+	// Announce tells every gateway that users' connections just entered
+	// the route table here, before their auth is answered, so that the
+	// routes other gateways reuse for NotifyMany are looked up again (nil:
+	// one gateway, or nobody cares).
+	Announce func(ctx context.Context, users []string) error
 	// Receipts coalesces receipt pushes over gateways (nil: no receipt
 	// pushes).
 	Receipts *ReceiptGate

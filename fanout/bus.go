@@ -29,6 +29,7 @@ type envelope struct {
 	Kick       *Target    `msgpack:"k,omitempty"`
 	Removed    *Removal   `msgpack:"r,omitempty"`
 	Joined     []string   `msgpack:"j,omitempty"` // conversations that gained members
+	Moved      []string   `msgpack:"m,omitempty"` // users with a new connection somewhere
 }
 
 // Removal is users' removal from conversation Conv.
@@ -70,6 +71,13 @@ func (b *Bus) Joined(ctx context.Context, convs []string) error {
 	return b.publishTo(ctx, b.everyone(), envelope{Joined: convs})
 }
 
+// Moved tells every gateway that users have a connection that just
+// entered the route table, so that routes they reuse for those users'
+// typing and receipts are looked up again.
+func (b *Bus) Moved(ctx context.Context, users []string) error {
+	return b.publishTo(ctx, b.everyone(), envelope{Moved: users})
+}
+
 func (b *Bus) publish(ctx context.Context, gw string, env envelope) error {
 	return b.publishTo(ctx, b.channel(gw), env)
 }
@@ -105,6 +113,7 @@ type Handlers struct {
 	Kick    func(Target)      // close a device's connection (replaced elsewhere)
 	Removed func(Removal)     // users left a conversation, or their mute or role changed
 	Joined  func(conv string) // a conversation gained members
+	Moved   func([]string)    // users connected a device somewhere (nil: ignored)
 }
 
 // Serve hands the messages of ps to local (deliveries) and h until ps is
@@ -126,6 +135,9 @@ func Serve(ps *redis.PubSub, local Local, h Handlers) {
 		}
 		for _, c := range env.Joined {
 			h.Joined(c)
+		}
+		if len(env.Moved) > 0 && h.Moved != nil {
+			h.Moved(env.Moved)
 		}
 	}
 }

@@ -724,9 +724,11 @@ func (f *Fanout) notifyLoop() {
 // frames (typing, receipts). Those are best effort, and a lookup per
 // batch was a fifth of parleyd's CPU relaying typing. A connection that
 // opens or closes on this gateway drops its user's routes at once
-// (RoutesChanged); one on another gateway is seen within the TTL, so a
-// device that connected there may miss typing and receipts that long.
-// ToUser frames (read_changed and the like) always look routes up.
+// (RoutesChanged); one that opens on another gateway drops them when
+// that gateway's notice arrives on the bus (RoutesMoved, sent before the
+// connection's auth is answered), so the TTL bounds only how long a
+// closed connection stays a target, which costs a frame its gateway
+// drops. ToUser frames (read_changed and the like) always look routes up.
 const relayRouteTTL = 5 * time.Second
 
 // relayRoutesMax: cached routes kept before stale ones are swept.
@@ -811,16 +813,32 @@ func (f *Fanout) notify(batch []userFrame) {
 // RoutesChanged tells fan-out that a connection of user opened or closed
 // on this gateway: the routes it reuses for the user's typing and
 // receipts are looked up again.
-func (f *Fanout) RoutesChanged(user string) {
+func (f *Fanout) RoutesChanged(user string) { f.RoutesMoved([]string{user}) }
+
+// RoutesMoved drops the routes reused for users, who connected a device
+// on some gateway (the bus's notice of Announce, or this gateway's own).
+func (f *Fanout) RoutesMoved(users []string) {
 	f.rmu.Lock()
 	defer f.rmu.Unlock()
-	if f.looking {
-		if f.routeChanged == nil {
-			f.routeChanged = map[string]struct{}{}
+	for _, u := range users {
+		if f.looking {
+			if f.routeChanged == nil {
+				f.routeChanged = map[string]struct{}{}
+			}
+			f.routeChanged[u] = struct{}{}
 		}
-		f.routeChanged[user] = struct{}{}
+		delete(f.relayRoutes, u)
 	}
-	delete(f.relayRoutes, user)
+}
+
+// Announce tells every gateway that users just connected a device here
+// (their routes are registered), so that the routes they reuse for
+// those users' typing and receipts are looked up again (RoutesMoved).
+func (f *Fanout) Announce(ctx context.Context, users []string) error {
+	if f.bus == nil || len(users) == 0 {
+		return nil
+	}
+	return f.bus.Moved(ctx, users)
 }
 
 // keepRelayRoutes ends a lookup: it remembers the routes just looked up

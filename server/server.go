@@ -265,7 +265,7 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Server, e
 	}
 	s.gw = conn.New(s.cfg, conn.Deps{JWT: verifier, Store: s.st, Log: s.events, Cursors: s.cursors, Routes: s.routes, Bus: s.bus, Rows: s.rows,
 		Mentions: conn.NewMentionLimiter(s.rdb, cfg.RedisPrefix, cfg.MentionAllRate, cfg.MentionAllPeriod),
-		Online:   s.fan.Online, Notify: s.fan.ToUser, NotifyMany: s.fan.ToUsers, RoutesChanged: s.fan.RoutesChanged, Receipts: conn.NewReceiptGate(s.rdb, cfg.RedisPrefix),
+		Online:   s.fan.Online, Notify: s.fan.ToUser, NotifyMany: s.fan.ToUsers, RoutesChanged: s.fan.RoutesChanged, Announce: s.fan.Announce, Receipts: conn.NewReceiptGate(s.rdb, cfg.RedisPrefix),
 		Notifications: s.notify}, log, s.reg)
 	s.fan.Start(s.gw)
 	if s.ps, err = s.bus.Subscribe(ctx); err != nil {
@@ -372,7 +372,7 @@ func (s *Server) MetricsAddr() string {
 func (s *Server) Start(ctx context.Context) error {
 	s.goroutine(func() { s.gwErr <- s.gw.Run() })
 	s.goroutine(func() {
-		fanout.Serve(s.ps, s.gw, fanout.Handlers{Kick: s.gw.Kick, Joined: s.gw.ForgetMembers,
+		fanout.Serve(s.ps, s.gw, fanout.Handlers{Kick: s.gw.Kick, Joined: s.gw.ForgetMembers, Moved: s.fan.RoutesMoved,
 			Removed: func(r fanout.Removal) {
 				s.events.Forget(r.Conv, r.Users)
 				s.gw.ForgetMembers(r.Conv)

@@ -367,3 +367,29 @@ func TestTypingFollowsMembership(t *testing.T) {
 	nextFrame(t, fc, 5*time.Second, "ana's typing on the new member's device", isTyping("g", "ana"))
 	noFrame(t, fb, 500*time.Millisecond, "typing on the removed member's device", isTyping("g", "ana"))
 }
+
+// A device that connects on another gateway gets the next typing frame
+// relayed through a gateway that had looked its user's routes up just
+// before: the new connection's gateway announces it before answering its
+// auth, and every gateway drops the routes it reuses for that user.
+func TestTypingFollowsDeviceToAnotherGateway(t *testing.T) {
+	cfg := parleytest.Config(t)
+	cfg1, cfg2 := cfg, cfg
+	cfg1.GatewayID, cfg2.GatewayID = "mgw-1", "mgw-2"
+	gw1 := parleytest.Start(t, cfg1)
+	gw2 := parleytest.Start(t, cfg2)
+	ana := gw1.User(t, "ana", 2)
+	ben := gw1.User(t, "ben", 2)
+	gw1.Group(t, "g", "ana", "ben")
+	ca1, _ := dial(t, gw1, ana[0])
+	ca2, _ := dial(t, gw1, ana[1])
+	_, fb1 := dial(t, gw1, ben[0])
+	// Gateway 1 looks ben's routes up (one device, on gateway 1) and
+	// reuses them for the next typing and receipts.
+	mustType(t, ca1, "g")
+	nextFrame(t, fb1, 5*time.Second, "typing on ben's first device", isTyping("g", "ana"))
+	_, fb2 := dial(t, gw2, ben[1])
+	mustType(t, ca2, "g") // another device of ana: not held by the first one's interval
+	nextFrame(t, fb2, time.Second, "typing on ben's device on the other gateway", isTyping("g", "ana"))
+	nextFrame(t, fb1, time.Second, "typing on ben's first device", isTyping("g", "ana"))
+}
