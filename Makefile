@@ -45,8 +45,8 @@ test: services ## Vet, run all tests with -race against real PostgreSQL and Redi
 	# report "context deadline exceeded" as a failure when the time runs out
 	# while a worker is busy (a race in the fuzzing coordinator).
 	$(GO) test ./wire -run '^$$' -fuzz FuzzDecodeRequest -fuzztime 300000x
-	$(GO) test ./conn -run '^$$' -fuzz FuzzProxyHeader -fuzztime 15000x
-	$(GO) test ./conn -run '^$$' -fuzz FuzzWSFrames -fuzztime 15000x
+	$(GO) test ./conn/proxyheader -run '^$$' -fuzz FuzzProxyHeader -fuzztime 15000x
+	$(GO) test ./conn/wsframe -run '^$$' -fuzz FuzzWSFrames -fuzztime 15000x
 .PHONY: test
 
 test-browser: services ## Run the browser demo (web/) in headless Chromium, installed on demand: two pages exchange messages

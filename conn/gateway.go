@@ -26,6 +26,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/parley-im/parley/config"
+	"github.com/parley-im/parley/conn/proxyheader"
+	"github.com/parley-im/parley/conn/wsframe"
 	"github.com/parley-im/parley/cursor"
 	"github.com/parley-im/parley/eventlog"
 	"github.com/parley-im/parley/fanout"
@@ -465,17 +467,17 @@ func (g *Gateway) OnTraffic(c gnet.Conn) gnet.Action {
 // to do with the connection).
 func (g *Gateway) readProxyHeader(s *Session, c gnet.Conn) (done bool, act gnet.Action) {
 	buf, _ := c.Peek(c.InboundBuffered())
-	n, err := proxyHeaderLen(buf)
+	n, err := proxyheader.Len(buf)
 	if err == nil && n == 0 {
 		return false, gnet.None
 	}
 	var addr netip.Addr
 	if err == nil {
-		addr, err = parseProxyHeader(buf[:n], s.addr)
+		addr, err = proxyheader.Parse(buf[:n], s.addr)
 	}
 	if err != nil {
 		reason := "malformed"
-		if errors.Is(err, errProxyMissing) {
+		if errors.Is(err, proxyheader.ErrMissing) {
 			reason = "missing"
 		}
 		g.metrics.proxy.WithLabelValues(reason).Inc()
@@ -500,7 +502,7 @@ func (g *Gateway) readProxyHeader(s *Session, c gnet.Conn) (done bool, act gnet.
 func (g *Gateway) wsTraffic(s *Session, c gnet.Conn, now time.Time) gnet.Action {
 	if !s.ws.upgraded {
 		buf, _ := c.Peek(c.InboundBuffered())
-		n := wsHandshakeLen(buf)
+		n := wsframe.HandshakeLen(buf)
 		if n == 0 {
 			return gnet.None
 		}
@@ -535,28 +537,28 @@ func (g *Gateway) wsTraffic(s *Session, c gnet.Conn, now time.Time) gnet.Action 
 		if err != nil {
 			return gnet.None
 		}
-		ev, consumed, werr := s.ws.reader.next(buf, g.cfg.MaxFrame)
+		ev, consumed, werr := s.ws.reader.Next(buf, g.cfg.MaxFrame)
 		if werr != nil {
-			g.metrics.wsErrors.WithLabelValues(werr.reason).Inc()
+			g.metrics.wsErrors.WithLabelValues(werr.Reason).Inc()
 			g.metrics.framesIn.WithLabelValues("invalid").Inc()
 			_, _ = c.Discard(n)
-			if werr.code == ws.StatusMessageTooBig {
+			if werr.Code == ws.StatusMessageTooBig {
 				// As on TCP: an oversized message gets TOO_LARGE, then
 				// the close.
-				s.fail("", wire.Errorf(wire.TooLarge, "%s", werr.msg))
+				s.fail("", wire.Errorf(wire.TooLarge, "%s", werr.Msg))
 				return gnet.None
 			}
-			s.wsFail(werr.code)
+			s.wsFail(werr.Code)
 			return gnet.None
 		}
 		if consumed == 0 {
 			return gnet.None
 		}
 		stop := false
-		switch ev.kind {
-		case wsBinary:
-			stop = g.request(s, ev.payload, now)
-		case wsText:
+		switch ev.Kind {
+		case wsframe.Binary:
+			stop = g.request(s, ev.Payload, now)
+		case wsframe.Text:
 			g.metrics.wsErrors.WithLabelValues("text").Inc()
 			g.metrics.framesIn.WithLabelValues("invalid").Inc()
 			if !s.gotFirst {
@@ -566,10 +568,10 @@ func (g *Gateway) wsTraffic(s *Session, c gnet.Conn, now time.Time) gnet.Action 
 				g.metrics.errors.WithLabelValues(string(wire.BadFrame)).Inc()
 				s.reply(wire.ErrorReply("", wire.Errorf(wire.BadFrame, "text message: frames travel in binary messages")))
 			}
-		case wsPing:
-			_, _ = c.Write(appendWSControl(nil, ws.OpPong, ev.payload))
-		case wsClose:
-			code := ev.code
+		case wsframe.Ping:
+			_, _ = c.Write(wsframe.AppendControl(nil, ws.OpPong, ev.Payload))
+		case wsframe.Close:
+			code := ev.Code
 			if code == ws.StatusNoStatusRcvd { // no code: answer with a normal closure
 				code = ws.StatusNormalClosure
 			}
@@ -819,4 +821,20 @@ func (g *Gateway) routesChanged(user string) {
 	if g.deps.RoutesChanged != nil {
 		g.deps.RoutesChanged(user)
 	}
+}
+
+// addrOf returns the IP of a socket address (the zero Addr if it has none).
+func addrOf(a net.Addr) netip.Addr {
+	switch a := a.(type) {
+	case *net.TCPAddr:
+		if ip, ok := netip.AddrFromSlice(a.IP); ok {
+			return ip.Unmap()
+		}
+	case nil:
+	default:
+		if ap, err := netip.ParseAddrPort(a.String()); err == nil {
+			return ap.Addr().Unmap()
+		}
+	}
+	return netip.Addr{}
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/gobwas/ws"
 	"github.com/panjf2000/gnet/v2"
 
+	"github.com/parley-im/parley/conn/wsframe"
 	"github.com/parley-im/parley/cursor"
 	"github.com/parley-im/parley/store"
 	"github.com/parley-im/parley/wire"
@@ -388,15 +389,15 @@ func (s *Session) takeLocked() []byte {
 	}
 	// In place when it can (as on TCP, one buffer is written while the
 	// other fills), else into the spare buffer.
-	data, inPlace := wsMessagesInPlace(s.out)
+	data, inPlace := wsframe.MessagesInPlace(s.out)
 	if inPlace {
 		s.out, s.spare = s.spare[:0], nil
 	} else {
-		data = appendWSMessages(s.spare[:0], s.out)
+		data = wsframe.AppendMessages(s.spare[:0], s.out)
 		s.out, s.spare = s.out[:0], nil
 	}
 	if s.kick && s.ws.closeCode != 0 {
-		data = appendWSClose(data, s.ws.closeCode)
+		data = wsframe.AppendClose(data, s.ws.closeCode)
 		s.ws.closeSent = true
 	}
 	return data
