@@ -36,7 +36,11 @@ build: ## Build every package
 .PHONY: build
 
 test: services ## Vet, run all tests with -race against real PostgreSQL and Redis, then fuzz the wire decoder (300,000 inputs), the PROXY header and WebSocket frame parsers (15,000 each)
-	$(GO) vet ./...
+	# vet with -race: it type-checks against the same race-instrumented
+	# builds of the packages and their dependencies that the tests then
+	# reuse, instead of compiling everything a second time (2 min 30 s
+	# instead of 6 min 24 s for both on a fresh 2-core machine).
+	$(GO) vet -race ./...
 	# ./server first: its tests are the longest (4.5-5.5 minutes), and go
 	# test starts packages in the order given, so the others run beside it.
 	# Its longest tests, which mostly wait, run two at a time (t.Parallel).
