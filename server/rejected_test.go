@@ -59,14 +59,7 @@ func TestRejectedRequestsChangeNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	head := func() int64 {
-		t.Helper()
-		var c struct{ Head int64 }
-		if st := gw1.Admin(t, "GET", "/v1/conversations/g", nil, &c); st != http.StatusOK {
-			t.Fatalf("GET g: %d", st)
-		}
-		return c.Head
-	}
+	head := func() int64 { return headOf(t, gw1, "g") }
 	before := head()
 	unchanged := func(what string) {
 		t.Helper()

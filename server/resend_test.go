@@ -2,7 +2,6 @@ package server_test
 
 import (
 	"fmt"
-	"net/http"
 	"testing"
 
 	"github.com/parley-im/parley/test/parleytest"
@@ -24,14 +23,7 @@ func TestResendOfConfirmedSendAllocatesNoSeq(t *testing.T) {
 	c1, _ := dial(t, gw1, ana[0])
 	c2, _ := dial(t, gw2, ana[1])
 
-	head := func() int64 {
-		t.Helper()
-		var c struct{ Head int64 }
-		if st := gw1.Admin(t, "GET", "/v1/conversations/g", nil, &c); st != http.StatusOK {
-			t.Fatalf("GET g: %d", st)
-		}
-		return c.Head
-	}
+	head := func() int64 { return headOf(t, gw1, "g") }
 	orig := mustSend(t, c1, "g", "m1", []byte("hello"))
 	if orig.Dup || orig.Seq != head() {
 		t.Fatalf("first send: %+v, head %d", orig, head())
