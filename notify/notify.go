@@ -166,6 +166,7 @@ type result struct {
 	j        job
 	provider string
 	token    string
+	regAt    int64 // when the device registered token (Unix ms)
 	err      error
 	// device and sendID: the send's mark in the device's gate, to
 	// remove once the outcome is recorded ("": it never entered).
@@ -878,7 +879,7 @@ func (n *Notifier) sendLoop(p *pool) {
 		if n.beforeFinish != nil && !n.beforeFinish(&t.j, err) {
 			continue
 		}
-		r := result{j: t.j, provider: p.p.Name(), token: t.n.Token, err: err}
+		r := result{j: t.j, provider: p.p.Name(), token: t.n.Token, regAt: t.n.RegisteredAt, err: err}
 		if entered {
 			r.device, r.sendID = t.n.Device, t.sendID
 		}
@@ -950,7 +951,7 @@ func (n *Notifier) record(batch []result) {
 		n.m.failed.WithLabelValues(r.provider, reason).Inc()
 		switch reason {
 		case ReasonBadToken:
-			if _, err := n.st.DropNotifyToken(ctx, j.Body.Device, r.token); err != nil {
+			if _, err := n.st.DropNotifyToken(ctx, j.Body.Device, r.token, r.regAt); err != nil {
 				n.log.Warn("removing a registration with a bad token", "device", j.Body.Device, "err", err)
 				fin = append(fin, retryLater(j, time.Second))
 				continue

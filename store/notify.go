@@ -42,11 +42,14 @@ func (s *Store) UnregisterNotify(ctx context.Context, device string) error {
 	return err
 }
 
-// DropNotifyToken deletes the device's registration if it still holds
-// token (a provider said the token is invalid; a newer registration of
-// the device stays). It reports whether one was deleted.
-func (s *Store) DropNotifyToken(ctx context.Context, device, token string) (bool, error) {
-	tag, err := s.pool.Exec(ctx, `DELETE FROM notify_registrations WHERE device_id = $1 AND token = $2`, device, token)
+// DropNotifyToken deletes the device's registration if it is still the
+// one made at registeredAt (Unix ms) or before with token: a provider
+// said the token is invalid. A registration made since stays, with
+// another token or the same one again (the app was handed it anew). It
+// reports whether one was deleted.
+func (s *Store) DropNotifyToken(ctx context.Context, device, token string, registeredAt int64) (bool, error) {
+	tag, err := s.pool.Exec(ctx, `DELETE FROM notify_registrations WHERE device_id = $1 AND token = $2 AND registered_at <= $3`,
+		device, token, registeredAt)
 	return tag.RowsAffected() > 0, err
 }
 

@@ -89,3 +89,50 @@ func TestNotifyTargets(t *testing.T) {
 		t.Fatalf("targets %v, want %v", seen, want)
 	}
 }
+
+// A provider's "bad token" removes the registration the notification was
+// sent with, not one the device made since: with another token, or with
+// the same token again (the app was handed it anew).
+func TestDropNotifyTokenKeepsNewerRegistration(t *testing.T) {
+	env, st, ctx := startStore(t)
+	dev := env.User(t, "drop-tokens", 1)[0]
+	reg := func(token string, at int64) {
+		t.Helper()
+		if _, err := st.RegisterNotify(ctx, store.Registration{Device: dev.ID, User: dev.User, Provider: "webhook", Token: token, RegisteredAt: at}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	registered := func() []store.Registration {
+		t.Helper()
+		rs, err := st.UserRegistrations(ctx, dev.User)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rs
+	}
+	drop := func(token string, at int64, want bool) {
+		t.Helper()
+		got, err := st.DropNotifyToken(ctx, dev.ID, token, at)
+		if err != nil || got != want {
+			t.Fatalf("drop %s registered at %d: %v, %v; want %v", token, at, got, err, want)
+		}
+	}
+	// The same token registered again after the send read it: kept.
+	reg("t1", 1000)
+	reg("t1", 2000)
+	drop("t1", 1000, false)
+	if rs := registered(); len(rs) != 1 || rs[0].Token != "t1" || rs[0].RegisteredAt != 2000 {
+		t.Fatalf("after a stale drop of the same token: %+v", rs)
+	}
+	// Another token registered since: kept.
+	reg("t2", 3000)
+	drop("t1", 2000, false)
+	if rs := registered(); len(rs) != 1 || rs[0].Token != "t2" {
+		t.Fatalf("after a drop of the old token: %+v", rs)
+	}
+	// The registration the send used: removed.
+	drop("t2", 3000, true)
+	if rs := registered(); len(rs) != 0 {
+		t.Fatalf("after dropping the registration used: %+v", rs)
+	}
+}
