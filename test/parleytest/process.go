@@ -24,7 +24,8 @@ var (
 	buildErr  error
 )
 
-// Binary builds cmd/parleyd once per test binary and returns its path.
+// Binary builds cmd/parleyd once per test binary, with -race when the
+// test binary has it, and returns its path.
 func Binary(t testing.TB) string {
 	t.Helper()
 	buildOnce.Do(func() {
@@ -39,7 +40,11 @@ func Binary(t testing.TB) string {
 			buildErr = err
 			return
 		}
-		cmd := exec.Command("go", "build", "-o", binPath, "./cmd/parleyd")
+		args := []string{"build", "-o", binPath}
+		if raceBuild {
+			args = append(args, "-race")
+		}
+		cmd := exec.Command("go", append(args, "./cmd/parleyd")...)
 		cmd.Dir = root
 		if out, err := cmd.CombinedOutput(); err != nil {
 			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
@@ -104,8 +109,10 @@ func StartProcess(t testing.TB, cfg config.Config) *Process {
 	go func() { _ = p.cmd.Wait(); logf.Close(); close(p.done) }()
 	t.Cleanup(func() {
 		p.Kill()
-		if t.Failed() {
-			b, _ := os.ReadFile(p.logPath)
+		b, _ := os.ReadFile(p.logPath)
+		if i := strings.Index(string(b), "WARNING: DATA RACE"); i >= 0 {
+			t.Errorf("parleyd %s found a data race:\n%s", cfg.GatewayID, string(b[i:]))
+		} else if t.Failed() {
 			t.Logf("parleyd %s log:\n%s", cfg.GatewayID, tailLines(string(b), 40))
 		}
 	})

@@ -1,0 +1,6 @@
+//go:build !race
+
+package parleytest
+
+// raceBuild: see race.go.
+const raceBuild = false
