@@ -25,6 +25,7 @@ func rowsKey(prefix, user string) string { return prefix + "rows:{" + user + "}"
 // member's conversation row, and convs lists conversations newest first
 // by them, paged with cursor.
 func TestConvsOrderFollowsRows(t *testing.T) {
+	t.Parallel()
 	env := parleytest.Start(t, parleytest.Config(t))
 	rdb := parleytest.RedisClient(t, env.Cfg)
 	ana := env.User(t, "ana", 1)
@@ -106,6 +107,7 @@ func TestConvsOrderFollowsRows(t *testing.T) {
 // claims them and every member's row converges. Counts confirmed messages
 // lost, duplicated and out of order at the receivers: all must be 0.
 func TestFaultFanoutWorkerKilledMidFanout(t *testing.T) {
+	t.Parallel()
 	cfg := parleytest.Config(t)
 	cfg.FanoutWorkers = 0 // no reader here: the "dead" worker below takes every entry
 	cfg.FanoutClaimIdle = 500 * time.Millisecond
@@ -126,12 +128,19 @@ func TestFaultFanoutWorkerKilledMidFanout(t *testing.T) {
 		r := &rx{}
 		receivers[i] = r
 		_, frames := dial(t, env, devices[i])
+		done := make(chan struct{}) // frames is never closed: the reader stops with the test
+		t.Cleanup(func() { close(done) })
 		go func() {
-			for m := range frames {
-				if m.T == wire.TPush && m.Conv == "big" && m.Kind == "msg" {
-					r.mu.Lock()
-					r.seqs = append(r.seqs, m.Seq)
-					r.mu.Unlock()
+			for {
+				select {
+				case <-done:
+					return
+				case m := <-frames:
+					if m.T == wire.TPush && m.Conv == "big" && m.Kind == "msg" {
+						r.mu.Lock()
+						r.seqs = append(r.seqs, m.Seq)
+						r.mu.Unlock()
+					}
 				}
 			}
 		}()
@@ -274,6 +283,7 @@ func afterTs(t *testing.T, ts int64) {
 // member's convs list the conversation first, and so does a third
 // member's right after the push.
 func TestConvsReflectsWhatTheCallerWasTold(t *testing.T) {
+	t.Parallel()
 	env := parleytest.Start(t, parleytest.Config(t))
 	ana := env.User(t, "ana", 1)
 	ben := env.User(t, "ben", 1)
@@ -316,6 +326,7 @@ func TestConvsReflectsWhatTheCallerWasTold(t *testing.T) {
 // conversations right after a few sends, with nothing sent during the
 // walk, lists each conversation exactly once.
 func TestConvsWalkSeesEachConversationOnce(t *testing.T) {
+	t.Parallel()
 	env := parleytest.Start(t, parleytest.Config(t))
 	ana := env.User(t, "ana", 1)
 	ben := env.User(t, "ben", 1)
