@@ -38,13 +38,14 @@ build: ## Build every package
 test: services ## Vet, run all tests with -race against real PostgreSQL and Redis, then fuzz the wire decoder (300,000 inputs), the PROXY header and WebSocket frame parsers (15,000 each)
 	# vet with -race: it type-checks against the same race-instrumented
 	# builds of the packages and their dependencies that the tests then
-	# reuse, instead of compiling everything a second time (2 min 30 s
-	# instead of 6 min 24 s for both on a fresh 2-core machine).
+	# reuse, instead of compiling everything a second time.
 	$(GO) vet -race ./...
-	# ./server first: its tests are the longest (4.5-5.5 minutes), and go
-	# test starts packages in the order given, so the others run beside it.
-	# Its longest tests, which mostly wait, run two at a time (t.Parallel).
-	$(TEST_ENV) $(GO) test -race -count=1 -timeout 9m ./server/ $$($(GO) list ./... | grep -v '/server$$')
+	# ./server first: its tests are the longest, and go test starts
+	# packages in the order given, so the others run beside it. Tests that
+	# mostly wait run in parallel (t.Parallel), three at a time; those that
+	# measure the whole process (heap, goroutines, pace) or a timing of
+	# their own run alone.
+	$(TEST_ENV) $(GO) test -race -count=1 -parallel 3 -timeout 9m ./server/ $$($(GO) list ./... | grep -v '/server$$')
 	# Budgets in inputs, not seconds: with a duration, Go before 1.27 can
 	# report "context deadline exceeded" as a failure when the time runs out
 	# while a worker is busy (a race in the fuzzing coordinator).

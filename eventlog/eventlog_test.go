@@ -22,6 +22,7 @@ import (
 // send_ok would otherwise race its own messages through fan-out, and
 // members could be pushed them out of order.
 func TestSendFansOutBeforeAnswering(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var mu sync.Mutex
@@ -98,6 +99,7 @@ func send(ctx context.Context, l *eventlog.Log, user, cmid string) eventlog.Send
 // a member removed by another process is refused before a seq is
 // allocated once that long has passed, and an entry nobody used expires.
 func TestMemberCacheRefreshedInBackground(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	// A TTL of 1.5 s: the background refresh runs every fifth of it, and
@@ -170,6 +172,7 @@ func (c *counter) Add(v float64) { c.n.Add(int64(v)) }
 // another process, which this log's cache never hears of; his changes
 // and recalls through this log are refused and head does not move.
 func TestRejectedChangesAllocateNothing(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	st, newLog := logs(ctx, t, "ana", "bob", "cy")

@@ -16,6 +16,7 @@ import (
 // newer lookup cached the new state; nor may a lookup that began before
 // the forget keep its answer.
 func TestMemberCacheForgetBeatsOlderReads(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	url := testenv.PostgresURL(t)

@@ -14,6 +14,7 @@ import (
 // the log's level: roles, mutes, removals, bans, settings and recalls of
 // others' messages. Every refusal leaves the head where it was.
 func TestModeration(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	st, newLog := logs(ctx, t, "own", "adm", "mem", "x")

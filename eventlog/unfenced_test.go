@@ -15,6 +15,7 @@ import (
 // when failures add to them nor when fenceLoop's retry puts back what
 // still fails (meanwhile new failures filled the set again).
 func TestUnfencedSeqsStayBounded(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	st, err := store.Open(ctx, testenv.PostgresURL(t), 1)
 	if err != nil {

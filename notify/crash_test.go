@@ -122,6 +122,7 @@ func counter(t *testing.T, reg *prometheus.Registry, name string) float64 {
 // claimed again when its lease ends: the notification is delivered once
 // more (same idempotency key), counted as a duplicate, and not again.
 func TestWorkerKilledAfterSending(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, "webhook")
 	sink := newKeySink(t)
 	a := w.notifier(t, nil, NewWebhook(sink.srv.URL, "s", sink.srv.Client()))
@@ -171,6 +172,7 @@ func (dropping) Send(context.Context, *Notification) error { return nil }
 // job, before any request, loses nothing: another delivers it once the
 // lease ends.
 func TestWorkerKilledBeforeSending(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, "webhook")
 	sink := newKeySink(t)
 	a := w.notifier(t, nil, dropping{})
@@ -211,6 +213,7 @@ func (h hanging) Send(ctx context.Context, _ *Notification) error {
 // only its own workers: the intake never blocks, and another provider's
 // notifications go out on time.
 func TestHangingProviderBlocksNothing(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, "apns")
 	ctx := context.Background()
 	if err := w.st.CreateUsers(ctx, []string{"cat"}); err != nil {
@@ -296,7 +299,7 @@ func (w *world) addRegistered(t *testing.T, n int, provider string) []string {
 // TestBusyProviderKeepsPace: more notifications at once than a
 // provider's queue holds are handed over as its workers free up, not put
 // back to be claimed again.
-func TestBusyProviderKeepsPace(t *testing.T) {
+func TestBusyProviderKeepsPace(t *testing.T) { // not parallel: it measures the pace of one notifier
 	w := newWorld(t, "fcm")
 	users := w.addRegistered(t, 40, "fcm") // the queue holds 16 (Concurrency 2)
 	slow := &slowSink{name: "fcm", wait: 10 * time.Millisecond, keys: map[string]int{}}
@@ -326,6 +329,7 @@ func TestBusyProviderKeepsPace(t *testing.T) {
 // wait (250 ms) at most; its own jobs are put back and counted, and they
 // are not lost.
 func TestHangingProviderQueueFull(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, "apns") // ben-d
 	ctx := context.Background()
 	users := w.addRegistered(t, 40, "apns")
@@ -377,6 +381,7 @@ func TestHangingProviderQueueFull(t *testing.T) {
 // its shard, which sleeps until the job is due, and the notification goes
 // out once.
 func TestIdleShardsSleep(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, "webhook")
 	sink := newKeySink(t)
 	reg := prometheus.NewRegistry()
@@ -400,6 +405,7 @@ func TestIdleShardsSleep(t *testing.T) {
 // TestLaterJobsLetShardSleep: jobs queued for later than a shard's next
 // look do not wake its loop (each wake is a claim, a script call).
 func TestLaterJobsLetShardSleep(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, "webhook")
 	sink := newKeySink(t)
 	reg := prometheus.NewRegistry()

@@ -332,6 +332,7 @@ func (f *fakeAPNs) authorized(w http.ResponseWriter, r *http.Request) bool {
 // refuses, with Apple's status and reason, and takes without delivering
 // what Apple documents it may not deliver.
 func TestFakeAPNsRules(t *testing.T) {
+	t.Parallel()
 	p8, key := writeP8(t)
 	_ = p8
 	clock := newTestClock()

@@ -449,6 +449,7 @@ func countKeys(pending []fcmStored) int {
 // refuses, with its status and google.rpc.Status details, and an Apple
 // device gets nothing of a data-only message without an apns block.
 func TestFakeFCMRules(t *testing.T) {
+	t.Parallel()
 	f, fake := newFCMPair(t, time.Now())
 	android := fake.device("android", false)
 	iphone := fake.device("iphone", true)

@@ -13,6 +13,7 @@ import (
 // not claimed, so nothing is sent well past notify_delay (100 ms here);
 // once released the notification goes out, once.
 func TestHold(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, "webhook")
 	sink := newKeySink(t)
 	n := w.notifier(t, nil, NewWebhook(sink.srv.URL, "s", sink.srv.Client()))

@@ -12,6 +12,7 @@ import (
 // conversation), at most eventsPerJob to a job, each job due notify_delay
 // after its newest commit.
 func TestMessageJobs(t *testing.T) {
+	t.Parallel()
 	n := &Notifier{cfg: Config{Shards: 4, Delay: 2 * time.Second}, q: newQueue(nil, "p:", 4)}
 	var msgs []eventRef
 	var ts []int64

@@ -64,6 +64,7 @@ func newAPNsPair(t *testing.T) (*APNs, *fakeAPNs, *testClock) {
 // and 5xx are classified; the provider token is reused, refreshed before
 // it expires, and remade when Apple says it expired.
 func TestAPNs(t *testing.T) {
+	t.Parallel()
 	a, fake, clock := newAPNsPair(t)
 	good := fake.device("good", "im.parley.app")
 	ctx := context.Background()
@@ -139,6 +140,7 @@ func TestAPNs(t *testing.T) {
 // younger than that (a skewed clock) is retried later with the same
 // token instead of provoking that refusal.
 func TestAPNsProviderTokenRefreshRate(t *testing.T) {
+	t.Parallel()
 	a, fake, clock := newAPNsPair(t)
 	good := fake.device("good", "im.parley.app")
 	ctx := context.Background()
@@ -174,6 +176,7 @@ func TestAPNsProviderTokenRefreshRate(t *testing.T) {
 // not printable ASCII) becomes a stable 45-byte hash; a short one is the
 // id itself.
 func TestAPNsCollapseID(t *testing.T) {
+	t.Parallel()
 	a, fake, _ := newAPNsPair(t)
 	good := fake.device("good", "im.parley.app")
 	ctx := context.Background()
@@ -204,6 +207,7 @@ func TestAPNsCollapseID(t *testing.T) {
 // bytes are cut on a character boundary, ending with "…", and the push
 // is delivered.
 func TestAPNsPayloadLimit(t *testing.T) {
+	t.Parallel()
 	a, fake, _ := newAPNsPair(t)
 	good := fake.device("good", "im.parley.app")
 	n := testNotification(good, KindMsg)
@@ -238,6 +242,7 @@ func TestAPNsPayloadLimit(t *testing.T) {
 // alert push with only aps.badge (priority 5); a recall a background
 // push with only content-available (priority 5). Apple delivers each.
 func TestAPNsKinds(t *testing.T) {
+	t.Parallel()
 	a, fake, _ := newAPNsPair(t)
 	good := fake.device("good", "im.parley.app")
 	want := map[string]struct {
@@ -268,6 +273,7 @@ func TestAPNsKinds(t *testing.T) {
 // TestAPNsExpiration: apns-expiration is notify_ttl after the commit,
 // whichever attempt sends it; past it, 0 (now or never).
 func TestAPNsExpiration(t *testing.T) {
+	t.Parallel()
 	a, fake, clock := newAPNsPair(t)
 	good := fake.device("good", "im.parley.app")
 	n := testNotification(good, KindMsg)
@@ -291,6 +297,7 @@ func TestAPNsExpiration(t *testing.T) {
 // invalid; a token the app registered again after that is not a bad
 // token.
 func TestAPNsGoneTimestamp(t *testing.T) {
+	t.Parallel()
 	a, fake, _ := newAPNsPair(t)
 	gone := fake.device("gone", "im.parley.app")
 	const since = 1700000000000
@@ -309,6 +316,7 @@ func TestAPNsGoneTimestamp(t *testing.T) {
 // TestAPNsTopicMismatch: DeviceTokenNotForTopic (a wrong apns_topic) is
 // the server's configuration error, not the device's.
 func TestAPNsTopicMismatch(t *testing.T) {
+	t.Parallel()
 	a, fake, _ := newAPNsPair(t)
 	other := fake.device("other", "im.other.app")
 	if reason, _ := reasonOf(a.Send(context.Background(), testNotification(other, KindMsg))); reason != ReasonConfig {
@@ -362,6 +370,7 @@ func newFCMPair(t *testing.T, now time.Time) (*FCM, *fakeFCM) {
 // collapsed under "badge"; UNREGISTERED and an invalid token are token
 // errors, 429 honours Retry-After, 503 is retried.
 func TestFCM(t *testing.T) {
+	t.Parallel()
 	n := testNotification("", KindMsg)
 	f, fake := newFCMPair(t, time.UnixMilli(n.Ts))
 	good := fake.device("good", false)
@@ -409,6 +418,7 @@ func TestFCM(t *testing.T) {
 // offline device with messages of six conversations gets all six when it
 // comes online, and of three badge notifications the newest.
 func TestFCMCollapseKeys(t *testing.T) {
+	t.Parallel()
 	f, fake := newFCMPair(t, time.Now())
 	phone := fake.device("phone", false)
 	fake.setOnline(phone, false)
@@ -449,6 +459,7 @@ func TestFCMCollapseKeys(t *testing.T) {
 // expires notify_ttl after the commit, and the data keys stand beside
 // aps.
 func TestFCMApple(t *testing.T) {
+	t.Parallel()
 	now := time.Now()
 	f, fake := newFCMPair(t, now)
 	iphone := fake.device("iphone", true)
@@ -493,6 +504,7 @@ func TestFCMApple(t *testing.T) {
 // (and an Apple device's APNs payload) is cut on a character boundary,
 // ending with "…", and the message is delivered.
 func TestFCMPayloadLimit(t *testing.T) {
+	t.Parallel()
 	f, fake := newFCMPair(t, time.Now())
 	for _, ios := range []bool{false, true} {
 		tok := fake.device(fmt.Sprint("d-", ios), ios)
@@ -522,6 +534,7 @@ func TestFCMPayloadLimit(t *testing.T) {
 // TestFCMExpiration: android.ttl is what is left of notify_ttl since the
 // commit, whichever attempt sends it.
 func TestFCMExpiration(t *testing.T) {
+	t.Parallel()
 	now := time.UnixMilli(time.Now().UnixMilli())
 	f, fake := newFCMPair(t, now)
 	phone := fake.device("phone", false)
@@ -546,6 +559,7 @@ func TestFCMExpiration(t *testing.T) {
 // UNAUTHENTICATED) is replaced by a new one and the message sent again;
 // a service account the token endpoint refuses is a configuration error.
 func TestFCMAccessTokenRevoked(t *testing.T) {
+	t.Parallel()
 	f, fake := newFCMPair(t, time.Now())
 	phone := fake.device("phone", false)
 	ctx := context.Background()
@@ -571,6 +585,7 @@ func TestFCMAccessTokenRevoked(t *testing.T) {
 // invalid registration token remove the registration; SENDER_ID_MISMATCH
 // and THIRD_PARTY_AUTH_ERROR are configuration errors.
 func TestFCMErrors(t *testing.T) {
+	t.Parallel()
 	var answer struct {
 		status int
 		body   string
@@ -629,6 +644,7 @@ func TestFCMErrors(t *testing.T) {
 // TestFCMSenderIDMismatch: a registration token of another Firebase
 // project (a wrong fcm_credentials_file) is a configuration error.
 func TestFCMSenderIDMismatch(t *testing.T) {
+	t.Parallel()
 	f, fake := newFCMPair(t, time.Now())
 	stray := fake.device("stray", false)
 	fake.setDevice(stray, func(d *fcmDevice) { d.project = "another-project" })
@@ -640,6 +656,7 @@ func TestFCMSenderIDMismatch(t *testing.T) {
 // TestWebhookSignature: the signature is the documented HMAC, and a
 // receiver's check (as docs/notifications.md shows it) accepts it.
 func TestWebhookSignature(t *testing.T) {
+	t.Parallel()
 	var got http.Header
 	var body []byte
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -17,6 +17,7 @@ import (
 // DeviceTokenNotForTopic (a wrong apns_topic) drops the notification,
 // counts it under reason config and keeps the registration.
 func TestConfigErrorKeepsRegistrations(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, "apns")
 	a, fake, _ := newAPNsPair(t)
 	tok := fake.device("ben-phone", "im.other.app")
@@ -50,6 +51,7 @@ func TestConfigErrorKeepsRegistrations(t *testing.T) {
 // TestGoneTokenRegisteredAgain: APNs's 410 removes the registration only
 // if the device registered its token before Apple's timestamp.
 func TestGoneTokenRegisteredAgain(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, "apns")
 	a, fake, _ := newAPNsPair(t)
 	tok := fake.device("ben-phone", "im.parley.app")

@@ -88,6 +88,7 @@ func (b *blackhole) pipe(dst, src net.Conn, fromClient bool) {
 // out on it. parleyd's client pings after 15 s and waits 5 s; this test
 // runs the same client with 200 ms and 300 ms.
 func TestHTTPClientHealthCheck(t *testing.T) {
+	t.Parallel()
 	tr := HTTPClient(config.Config{NotifyConcurrency: 1, NotifyTimeout: time.Second}).Transport.(*http.Transport)
 	if tr.HTTP2 == nil || tr.HTTP2.SendPingTimeout != h2PingAfter || tr.HTTP2.PingTimeout != h2PingTimeout || !tr.ForceAttemptHTTP2 {
 		t.Fatalf("parleyd's client has no HTTP/2 health check: %+v", tr.HTTP2)

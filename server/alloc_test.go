@@ -17,6 +17,7 @@ import (
 // conversation goes on too. A key of the wrong type is not an outage, so
 // the failed sends are INTERNAL (and logged), not UNAVAILABLE.
 func TestSeqAllocFailsPerConversation(t *testing.T) {
+	t.Parallel()
 	cfg := parleytest.Config(t)
 	cfg.SendRate = 0
 	env := parleytest.Start(t, cfg)
@@ -84,6 +85,7 @@ func TestSeqAllocFailsPerConversation(t *testing.T) {
 // sends share, and every conversation continues right above its highest
 // committed seq.
 func TestSeqReseedsManyAtOnce(t *testing.T) {
+	t.Parallel()
 	cfg := parleytest.Config(t)
 	cfg.SendRate = 0
 	env := parleytest.Start(t, cfg)

@@ -473,6 +473,7 @@ func (f *eventMapFix) admin(method, path string, body any) {
 // (an edit, a recall) shown the same way by sync and snapshot. The Go
 // client decodes each of them without losing a key.
 func TestEventMapEveryPath(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		tier                string
 		writeMax, onlineMax int

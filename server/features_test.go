@@ -51,6 +51,7 @@ func eventAt(evs []wire.Event, seq int64) (wire.Event, bool) {
 // body and `edited` in sync and snapshot. It never counts as unread, and a
 // retry (the same body again) appends nothing.
 func TestEditEverywhere(t *testing.T) {
+	t.Parallel()
 	cfg := parleytest.Config(t)
 	env := parleytest.Start(t, cfg)
 	ana := env.User(t, "ana", 2)
@@ -149,6 +150,7 @@ func TestEditEverywhere(t *testing.T) {
 
 // Refused edits change nothing: no seq, no hole, the message unchanged.
 func TestEditRefused(t *testing.T) {
+	t.Parallel()
 	cfg := parleytest.Config(t)
 	cfg.EditWindow = time.Second
 	env := parleytest.Start(t, cfg)
@@ -229,6 +231,7 @@ func TestEditRefused(t *testing.T) {
 // them), raises the read position, shows in convs, and changes nothing for
 // the other members.
 func TestClear(t *testing.T) {
+	t.Parallel()
 	cfg := parleytest.Config(t)
 	env := parleytest.Start(t, cfg)
 	ana := env.User(t, "ana", 1)[0]

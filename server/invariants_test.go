@@ -317,6 +317,7 @@ func mustParse(t *testing.T, url string) *redis.Options {
 // TestSameCmidFromTwoDevices: the same (sender, cmid) sent at once from
 // two devices of the sender is stored once; both get the same seq.
 func TestSameCmidFromTwoDevices(t *testing.T) {
+	t.Parallel()
 	env := parleytest.Start(t, parleytest.Config(t))
 	ana := env.User(t, "ana", 2)
 	env.User(t, "ben", 1)
@@ -354,6 +355,7 @@ func TestSameCmidFromTwoDevices(t *testing.T) {
 // TestAckMaxMergeNeverAboveHead: cursors only grow, are durable in
 // PostgreSQL and hot in Redis, never exceed head, and need membership.
 func TestAckMaxMergeNeverAboveHead(t *testing.T) {
+	t.Parallel()
 	cfg := parleytest.Config(t)
 	env := parleytest.Start(t, cfg)
 	ana := env.User(t, "ana", 1)
@@ -438,6 +440,7 @@ func TestAckMaxMergeNeverAboveHead(t *testing.T) {
 // TestRouteFencingAndLeases: an older registration never overwrites a newer
 // one, and a dead gateway's entries are not used once its lease is gone.
 func TestRouteFencingAndLeases(t *testing.T) {
+	t.Parallel()
 	url, prefix := testenv.Redis(t)
 	rdb := redis.NewClient(mustParse(t, url))
 	defer rdb.Close()
@@ -496,6 +499,7 @@ func TestRouteFencingAndLeases(t *testing.T) {
 // TestReplacedAcrossGateways: a second connection of a device on another
 // gateway kicks the first ("replaced").
 func TestReplacedAcrossGateways(t *testing.T) {
+	t.Parallel()
 	cfg := parleytest.Config(t)
 	gw1 := parleytest.Start(t, cfg)
 	gw2 := parleytest.Start(t, cfg)
@@ -521,6 +525,7 @@ func TestReplacedAcrossGateways(t *testing.T) {
 // TestTwoProcessesExchangePushes: two parleyd processes on one PostgreSQL
 // and one Redis deliver each other's messages.
 func TestTwoProcessesExchangePushes(t *testing.T) {
+	t.Parallel()
 	cfg := parleytest.Config(t)
 	p1 := parleytest.StartProcess(t, cfg)
 	p2 := parleytest.StartProcess(t, cfg)

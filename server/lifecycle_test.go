@@ -120,6 +120,7 @@ func authCode(t *testing.T, env *parleytest.Env, dial func(context.Context) (*cl
 }
 
 func TestRevokeAcrossGateways(t *testing.T) {
+	t.Parallel()
 	gw1, gw2 := twoGateways(t)
 	devs := gw1.User(t, "rv", 2)
 	jwtUser, jwtDev := "rvj", "rvj-phone"
@@ -187,6 +188,7 @@ func TestRevokeAcrossGateways(t *testing.T) {
 }
 
 func TestRotateTokenAcrossGateways(t *testing.T) {
+	t.Parallel()
 	gw1, gw2 := twoGateways(t)
 	dev := gw1.User(t, "rt", 1)[0]
 	k := watchDial(t, gw2, dev)
@@ -213,6 +215,7 @@ func TestRotateTokenAcrossGateways(t *testing.T) {
 }
 
 func TestSuspendAcrossGateways(t *testing.T) {
+	t.Parallel()
 	gw1, gw2 := twoGateways(t)
 	devs := gw1.User(t, "su", 2)
 	bystander := gw1.User(t, "sb", 1)[0]
@@ -276,6 +279,7 @@ func TestSuspendAcrossGateways(t *testing.T) {
 // client of another gateway, and holds its p99 to the one second the
 // lifecycle promises.
 func TestRevocationLatency(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("1,000 connections")
 	}

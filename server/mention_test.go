@@ -14,6 +14,7 @@ import (
 // stored); plain sends and other conversations are not; an outsider gets
 // NOT_MEMBER without spending the budget.
 func TestMentionAllRateLimited(t *testing.T) {
+	t.Parallel()
 	cfg := parleytest.Config(t)
 	cfg.MentionAllRate, cfg.MentionAllPeriod = 2, time.Minute
 	env := parleytest.Start(t, cfg)

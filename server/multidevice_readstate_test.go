@@ -477,30 +477,37 @@ func (f *mdFix) cursorRollback() {
 }
 
 func TestDeliveryCursorPerDevice(t *testing.T) {
+	t.Parallel()
 	mdRun(t, "delivery-per-device")
 }
 
 func TestReadPositionMaxWins(t *testing.T) {
+	t.Parallel()
 	mdRun(t, "read-max-wins")
 }
 
 func TestReadDoesNotMoveDelivery(t *testing.T) {
+	t.Parallel()
 	mdRun(t, "read-does-not-fake-delivery")
 }
 
 func TestOwnMessagesNotUnread(t *testing.T) {
+	t.Parallel()
 	mdRun(t, "own-messages-not-unread")
 }
 
 func TestReadAheadRejected(t *testing.T) {
+	t.Parallel()
 	mdRun(t, "read-ahead-rejected")
 }
 
 func TestReinstallResetsDeliveryKeepsRead(t *testing.T) {
+	t.Parallel()
 	mdRun(t, "reinstall")
 }
 
 func TestCursorRollbackResyncsFromLocalCursor(t *testing.T) {
+	t.Parallel()
 	mdRun(t, "cursor-rollback")
 }
 
@@ -510,6 +517,7 @@ func TestCursorRollbackResyncsFromLocalCursor(t *testing.T) {
 // (phone 12, new laptop install 13), gives 13, while the user has read to
 // 8 (and would leave unread 0 instead of 4).
 func TestReadPositionIsNotMaxDeliveryCursor(t *testing.T) {
+	t.Parallel()
 	f := mdRun(t, "cursor-rollback")
 	var wrong int64
 	if err := f.pg.QueryRow(ctx(t), `SELECT coalesce(max(dc.delivered_seq), 0)
@@ -534,6 +542,7 @@ func TestReadPositionIsNotMaxDeliveryCursor(t *testing.T) {
 // transaction that is rolled back. The server's max-merge of the same
 // late report keeps 8 (unread 4).
 func TestReadPositionIsNotLastWriterWins(t *testing.T) {
+	t.Parallel()
 	f := mdRun(t, "cursor-rollback")
 	tx, err := f.pg.Begin(ctx(t))
 	if err != nil {
@@ -565,6 +574,7 @@ func TestReadPositionIsNotLastWriterWins(t *testing.T) {
 // TestReadRequiresMembership: a read report from a non-member →
 // NOT_MEMBER (and for a conversation that does not exist, the same).
 func TestReadRequiresMembership(t *testing.T) {
+	t.Parallel()
 	f := mdRun(t, "")
 	cy, _ := dial(t, f.env, f.env.User(t, "u-cy", 1)[0])
 	_, err := cy.Read(ctx(t), mdConv, 1)
@@ -596,6 +606,7 @@ func TestReadRequiresMembership(t *testing.T) {
 // same time: on each device the replies never go down, each reply's
 // unread matches its read, and the end result is 12 / unread 0 on both.
 func TestReadReportsOutOfOrder(t *testing.T) {
+	t.Parallel()
 	f := mdNew(t)
 	seed := time.Now().UnixNano()
 	t.Logf("seed %d", seed)
@@ -646,6 +657,7 @@ func TestReadReportsOutOfOrder(t *testing.T) {
 // the phone reconnects and reports 8 again: read 8 / unread 4 everywhere,
 // and the laptop is told.
 func TestLostReadReportRepeated(t *testing.T) {
+	t.Parallel()
 	f := mdNew(t)
 	f.phone.Close()
 	if _, err := f.phone.Read(ctx(t), mdConv, 8); !errors.Is(err, client.ErrClosed) {
@@ -679,6 +691,7 @@ func TestLostReadReportRepeated(t *testing.T) {
 // the new install's own acks work from 0; old-install acks racing a
 // reinstall leave no cursor behind.
 func TestDelayedAckFromOldInstall(t *testing.T) {
+	t.Parallel()
 	f := mdNew(t)
 	if a, err := f.laptop.Ack(ctx(t), mdConv, 5); err != nil || a.Delivered != 5 {
 		t.Fatalf("old install ack 5: %+v %v", a, err)
@@ -783,6 +796,7 @@ func TestDelayedAckFromOldInstall(t *testing.T) {
 // 4, holds the whole log again and acks 14. Read stays 8 (acks never move
 // the read position), the laptop is untouched.
 func TestDeviceRestoredFromOldBackup(t *testing.T) {
+	t.Parallel()
 	f := mdNew(t)
 	evs, _ := syncAll(t, f.phone, mdConv, 0)
 	mdStore(f.phoneLocal, evs)
@@ -834,6 +848,7 @@ func TestDeviceRestoredFromOldBackup(t *testing.T) {
 // unread 2 (14..16 were outside his periods); he reads 19; he leaves
 // himself (20), u-ana sends 21; he reports 21 → 20.
 func TestFormerMemberReadCapped(t *testing.T) {
+	t.Parallel()
 	f := mdNew(t)
 	check := func(head, read, unread, lastTo int64) {
 		t.Helper()
@@ -907,6 +922,7 @@ func TestFormerMemberReadCapped(t *testing.T) {
 // and in read_ok; recalling 5 (already read) and recalling 10 again
 // change nothing; the recall events themselves are not messages.
 func TestRecallOfUnreadMessage(t *testing.T) {
+	t.Parallel()
 	f := mdNew(t)
 	if r, err := f.phone.Read(ctx(t), mdConv, 8); err != nil || r.Unread != 4 {
 		t.Fatalf("read 8: %+v %v", r, err)
@@ -951,6 +967,7 @@ func TestRecallOfUnreadMessage(t *testing.T) {
 // acking and reading while u-ana sends 5 more; the phone ends at
 // delivered 17, read 17, unread 0; the laptop's cursor stays 3.
 func TestLostDeviceLeavesOthersAlone(t *testing.T) {
+	t.Parallel()
 	f := mdNew(t)
 	if a, err := f.laptop.Ack(ctx(t), mdConv, 3); err != nil || a.Delivered != 3 {
 		t.Fatalf("laptop ack 3: %+v %v", a, err)

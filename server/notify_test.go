@@ -161,6 +161,7 @@ func startNotify(t *testing.T, s *sink, delay time.Duration, benDevices int) (en
 // carries the message, count 1 and the exact badge, with the idempotency
 // key (device, conv, seq).
 func TestNotifyOfflineDevice(t *testing.T) {
+	t.Parallel()
 	s := newSink(t)
 	env, ana, ben := startNotify(t, s, 300*time.Millisecond, 1)
 	env.Group(t, "h", "ana", "ben")
@@ -200,6 +201,7 @@ func TestNotifyOfflineDevice(t *testing.T) {
 // gets nothing; another device of the same user, connected but not
 // acking (a backgrounded app), is notified.
 func TestNotifyAckedInTimeNotNotified(t *testing.T) {
+	t.Parallel()
 	s := newSink(t)
 	env, ana, ben := startNotify(t, s, 500*time.Millisecond, 2)
 	b1, f1 := dial(t, env, ben[0])
@@ -223,6 +225,7 @@ func TestNotifyAckedInTimeNotNotified(t *testing.T) {
 // messages that mention the user; mentions are stored with the event and
 // users who are not members are dropped from them.
 func TestNotifyMutedUnlessMentioned(t *testing.T) {
+	t.Parallel()
 	s := newSink(t)
 	env, ana, ben := startNotify(t, s, 200*time.Millisecond, 1)
 	env.User(t, "out", 0)
@@ -258,6 +261,7 @@ func TestNotifyMutedUnlessMentioned(t *testing.T) {
 // TestNotifyPullTierOnlyMentions: in the pull tier only mentioned users'
 // devices are notified (mention_all does not count).
 func TestNotifyPullTierOnlyMentions(t *testing.T) {
+	t.Parallel()
 	s := newSink(t)
 	cfg := notifyConfig(t, s, 200*time.Millisecond)
 	cfg.WriteFanoutMax, cfg.OnlineFanoutMax = 2, 3
@@ -295,7 +299,7 @@ func TestNotifyPullTierOnlyMentions(t *testing.T) {
 // TestNotifyCollapse: messages of one conversation arriving together make
 // one notification with the newest seq and their count; a later message
 // makes the next one, at least notify_delay after it, counted from it.
-func TestNotifyCollapse(t *testing.T) {
+func TestNotifyCollapse(t *testing.T) { // not parallel: a burst must commit within the merge window
 	s := newSink(t)
 	const delay = 300 * time.Millisecond
 	env, ana, ben := startNotify(t, s, delay, 1)
@@ -337,6 +341,7 @@ func TestNotifyCollapse(t *testing.T) {
 // data-only recall to the device notified of it; reading on one device
 // sends the new badge to the user's other, unconnected, notified device.
 func TestNotifyRecallAndBadge(t *testing.T) {
+	t.Parallel()
 	s := newSink(t)
 	env, ana, ben := startNotify(t, s, 300*time.Millisecond, 2)
 	registeredOffline(t, env, ben[0])
@@ -385,6 +390,7 @@ func TestNotifyRecallAndBadge(t *testing.T) {
 // TestNotifyTokenErrorRemovesRegistration: a webhook answering 410 for a
 // token removes the device's registration.
 func TestNotifyTokenErrorRemovesRegistration(t *testing.T) {
+	t.Parallel()
 	s := newSink(t)
 	s.reply = func(p notify.WebhookPayload, _ int, w http.ResponseWriter) bool {
 		if p.Token == "gone" {
@@ -424,6 +430,7 @@ func TestNotifyTokenErrorRemovesRegistration(t *testing.T) {
 // TestNotifyRetryAfter: a 429 with Retry-After is retried after it, with
 // the same idempotency key, and counted.
 func TestNotifyRetryAfter(t *testing.T) {
+	t.Parallel()
 	s := newSink(t)
 	var firstAt, secondAt time.Time
 	s.reply = func(p notify.WebhookPayload, n int, w http.ResponseWriter) bool {
@@ -458,6 +465,7 @@ func TestNotifyRetryAfter(t *testing.T) {
 // TestNotifyLeftUserNotNotified: a user who left before the message is
 // never notified of it.
 func TestNotifyLeftUserNotNotified(t *testing.T) {
+	t.Parallel()
 	s := newSink(t)
 	env := parleytest.Start(t, notifyConfig(t, s, 200*time.Millisecond))
 	ana := env.User(t, "ana", 1)
@@ -481,6 +489,7 @@ func TestNotifyLeftUserNotNotified(t *testing.T) {
 // refuses registrations and queues nothing for messages, recalls or
 // reads: push notifications cost it nothing per send.
 func TestNotifyOffWithoutProvider(t *testing.T) {
+	t.Parallel()
 	cfg := parleytest.Config(t)
 	env := parleytest.Start(t, cfg)
 	ana := env.User(t, "ana", 1)
@@ -519,6 +528,7 @@ func TestNotifyOffWithoutProvider(t *testing.T) {
 // TestNotifyBadInput: every refused request is answered with its code and
 // stores nothing.
 func TestNotifyBadInput(t *testing.T) {
+	t.Parallel()
 	s := newSink(t)
 	env := parleytest.Start(t, notifyConfig(t, s, 200*time.Millisecond))
 	ana := env.User(t, "ana", 1)
@@ -613,6 +623,7 @@ func TestNotifySurvivesKill(t *testing.T) {
 // its registration (GET /v1/devices/{id} shows notify: null) and its
 // messages are no longer notified; notify_unregister does the same.
 func TestNotifyReinstallDeletesRegistration(t *testing.T) {
+	t.Parallel()
 	s := newSink(t)
 	env := parleytest.Start(t, notifyConfig(t, s, 200*time.Millisecond))
 	ben := env.User(t, "ben", 2)

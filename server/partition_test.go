@@ -34,6 +34,7 @@ CREATE INDEX events_not_counted ON events (conv_key, seq) WHERE kind <> 1 OR rec
 // dedupe, sync, ack, read, convs, recall, snapshot, leave) on a schema whose
 // events table is hash-partitioned by conv_key.
 func TestEventsHashPartitionedByConversation(t *testing.T) {
+	t.Parallel()
 	cfg := parleytest.Config(t)
 	c := context.Background()
 	st, err := store.Open(c, cfg.PostgresURL, 2)

@@ -13,6 +13,7 @@ import (
 // API. The full figure (100,000 of each in under a minute) is measured by
 // BenchmarkBulkProvision; this keeps the path tested at a smaller size.
 func TestBulkProvisioning(t *testing.T) {
+	t.Parallel()
 	env := parleytest.Start(t, parleytest.Config(t))
 	provision(t, env, 2000)
 	var out map[string]any

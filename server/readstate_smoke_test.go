@@ -10,6 +10,7 @@ import (
 )
 
 func TestSmokeReadConvsRecall(t *testing.T) {
+	t.Parallel()
 	env := parleytest.Start(t, parleytest.Config(t))
 	ana := env.User(t, "ana", 1)
 	ben := env.User(t, "ben", 2)
@@ -60,6 +61,7 @@ func TestSmokeReadConvsRecall(t *testing.T) {
 }
 
 func TestSmokeSnapshot(t *testing.T) {
+	t.Parallel()
 	cfg := parleytest.Config(t)
 	cfg.SnapshotFullMax, cfg.SnapshotTail = 10, 3
 	env := parleytest.Start(t, cfg)
@@ -100,6 +102,7 @@ func TestSmokeSnapshot(t *testing.T) {
 // TestRedeliveryScanHintsUnackedDevice: a device that got pushes but did
 // not ack them gets a hint after redelivery_delay; once it acks, no more.
 func TestRedeliveryScanHintsUnackedDevice(t *testing.T) {
+	t.Parallel()
 	cfg := parleytest.Config(t)
 	cfg.RedeliveryDelay = 300 * time.Millisecond
 	env := parleytest.Start(t, cfg)

@@ -19,6 +19,7 @@ import (
 // gateways (so one of them still has the user's membership cached when
 // the other removed them), and head is compared before and after.
 func TestRejectedRequestsChangeNothing(t *testing.T) {
+	t.Parallel()
 	cfg := parleytest.Config(t)
 	cfg.SendRate = 0
 	cfg.RecallWindow = time.Second
@@ -195,6 +196,7 @@ func TestRejectedRequestsChangeNothing(t *testing.T) {
 // TestAdminUnknownRoutesAnswerJSON: a path or method the admin API does
 // not have is answered like every other error, {code, msg} in JSON.
 func TestAdminUnknownRoutesAnswerJSON(t *testing.T) {
+	t.Parallel()
 	env := parleytest.Start(t, parleytest.Config(t))
 	for _, c := range []struct {
 		method, path string

@@ -258,11 +258,11 @@ func (f *raceFix) leaveSeq(conv string) int64 {
 
 func TestRemovalRacingSends(t *testing.T) {
 	t.Parallel() // long and mostly waiting: see the Makefile's test target
-	f := newRaceFix(t)
 	n := raceIterations(t)
 	for _, how := range []string{"admin", "leave"} {
 		t.Run(how, func(t *testing.T) {
-			f.t = t
+			t.Parallel() // each way on gateways, a database and keys of its own
+			f := newRaceFix(t)
 			leaves := map[string]int64{}
 			for it := 0; it < n; it++ {
 				conv := fmt.Sprintf("rm-%s-%d", how, it)

@@ -14,6 +14,7 @@ import (
 // head does not move, no hole is written, and the next message takes the
 // seq right after the original.
 func TestResendOfConfirmedSendAllocatesNoSeq(t *testing.T) {
+	t.Parallel()
 	cfg := parleytest.Config(t)
 	gw1 := parleytest.Start(t, cfg)
 	gw2 := parleytest.Start(t, cfg)

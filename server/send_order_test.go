@@ -15,6 +15,7 @@ import (
 // them, while other devices keep the commit workers busy (so batches form
 // and commit concurrently, and may commit out of order).
 func TestPipelinedSendsGetSeqsInSendOrder(t *testing.T) {
+	t.Parallel()
 	cfg := parleytest.Config(t)
 	cfg.SendRate = 0
 	env := parleytest.Start(t, cfg)

@@ -62,6 +62,7 @@ func waitPush(t *testing.T, frames chan wire.Message, conv string, seq int64) wi
 }
 
 func TestSmokeSendPushSyncAck(t *testing.T) {
+	t.Parallel()
 	env := parleytest.Start(t, parleytest.Config(t))
 	ana := env.User(t, "ana", 1)
 	ben := env.User(t, "ben", 2)

@@ -65,6 +65,7 @@ func isTyping(conv, user string) func(wire.Message) bool {
 // device and conversation per 2 s; nothing is stored. A non-member gets
 // NOT_MEMBER; in an online-tier conversation it is skipped silently.
 func TestTyping(t *testing.T) {
+	t.Parallel()
 	cfg := parleytest.Config(t)
 	cfg.WriteFanoutMax, cfg.OnlineFanoutMax = 4, 10 // g (3 members): push; big (4): online
 	env := parleytest.Start(t, cfg)
@@ -118,6 +119,7 @@ func isReceipt(conv, user string) func(wire.Message) bool {
 // that user opens on the gateway: a device that just connected gets the
 // next typing frame, not one a few seconds later.
 func TestTypingReachesNewDevice(t *testing.T) {
+	t.Parallel()
 	env := parleytest.Start(t, parleytest.Config(t))
 	ana := env.User(t, "ana", 2)
 	ben := env.User(t, "ben", 2)
@@ -138,6 +140,7 @@ func TestTypingReachesNewDevice(t *testing.T) {
 // gateways, the newest position last; users with receipts_private are left
 // out of both.
 func TestReceipts(t *testing.T) {
+	t.Parallel()
 	cfg := parleytest.Config(t)
 	cfg.WriteFanoutMax, cfg.OnlineFanoutMax = 4, 10
 	gw1 := parleytest.Start(t, cfg)
@@ -246,6 +249,7 @@ func TestReceipts(t *testing.T) {
 // still gets its own receipt, in its own conversation, and of two reads
 // of one user in one conversation only the newest is sent.
 func TestReceiptsTogether(t *testing.T) {
+	t.Parallel()
 	cfg := parleytest.Config(t)
 	env := parleytest.Start(t, cfg)
 	ana := env.User(t, "ana", 1)[0]
@@ -324,6 +328,7 @@ func TestReceiptsTogether(t *testing.T) {
 // share PostgreSQL and Redis; each change is made through the other
 // gateway's admin API than the one whose cache it must drop.
 func TestTypingFollowsMembership(t *testing.T) {
+	t.Parallel()
 	cfg := parleytest.Config(t)
 	cfg1, cfg2 := cfg, cfg
 	cfg1.GatewayID, cfg2.GatewayID = "tgw-1", "tgw-2"
@@ -373,6 +378,7 @@ func TestTypingFollowsMembership(t *testing.T) {
 // before: the new connection's gateway announces it before answering its
 // auth, and every gateway drops the routes it reuses for that user.
 func TestTypingFollowsDeviceToAnotherGateway(t *testing.T) {
+	t.Parallel()
 	cfg := parleytest.Config(t)
 	cfg1, cfg2 := cfg, cfg
 	cfg1.GatewayID, cfg2.GatewayID = "mgw-1", "mgw-2"

@@ -14,6 +14,7 @@ import (
 // old install's ack is refused either way, and a reinstall starts the
 // device's cursors from 0.
 func TestMergeCursorsKnownAndChecked(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	st, _ := bucketStore(t, ctx, 2)

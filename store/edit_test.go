@@ -18,6 +18,7 @@ import (
 // first and gets the higher seq, so its body stands; a removal of the
 // editor waits for the edit and gets a seq above it.
 func TestEditOrdering(t *testing.T) {
+	t.Parallel()
 	env, st, ctx := startStore(t)
 	env.Group(t, "g", "ana", "ben") // seq 1
 	res, err := st.InsertMessages(ctx, []store.NewMessage{
@@ -142,6 +143,7 @@ func TestEditOrdering(t *testing.T) {
 // Many edits of one message at once: each gets its own seq, and the
 // message ends with the body of the one with the highest seq.
 func TestConcurrentEditsOfOneMessage(t *testing.T) {
+	t.Parallel()
 	env, st, ctx := startStore(t)
 	env.Group(t, "g", "ana", "ben") // seq 1
 	if res, err := st.InsertMessages(ctx, []store.NewMessage{{Conv: "g", Sender: "ana", Cmid: "m", Body: []byte("m"), Seq: 2, Ts: 2}}, 100); err != nil || res[0].Err != nil {

@@ -49,6 +49,7 @@ func pgConn(t *testing.T, ctx context.Context, env *parleytest.Env) *pgx.Conn {
 // of a stored cmid, the same cmid twice, a seq already taken and a sender
 // who is not a member. The failed first try costs no connection.
 func TestInsertMessagesConflictsInOneBatch(t *testing.T) {
+	t.Parallel()
 	env, st, ctx := startStore(t)
 	env.Group(t, "g", "ana", "ben") // seq 1
 	msg := func(sender, cmid string, seq int64) store.NewMessage {
@@ -101,6 +102,7 @@ func TestInsertMessagesConflictsInOneBatch(t *testing.T) {
 // answered with its original seq. With every hash made equal, each
 // message after a conversation's first collides.
 func TestInsertMessagesCmidHashCollisions(t *testing.T) {
+	t.Parallel()
 	env, st, ctx := startStore(t)
 	env.Group(t, "g", "ana", "ben") // seq 1
 	conn := pgConn(t, ctx, env)
@@ -158,6 +160,7 @@ func TestInsertMessagesCmidHashCollisions(t *testing.T) {
 // statement: not those who left, nothing for a conversation without any
 // or that does not exist.
 func TestCurrentMembersOf(t *testing.T) {
+	t.Parallel()
 	env, st, ctx := startStore(t)
 	env.Group(t, "g", "ana", "ben", "cy")
 	env.Group(t, "h", "ana", "ben")
@@ -179,6 +182,7 @@ func TestCurrentMembersOf(t *testing.T) {
 // BigMembershipsOf returns each user's current periods in conversations
 // of at least the given size, for many users in one statement.
 func TestBigMembershipsOf(t *testing.T) {
+	t.Parallel()
 	env, st, ctx := startStore(t)
 	env.Group(t, "big", "ana", "ben", "cy")
 	env.Group(t, "big2", "ana", "ben", "cy")
@@ -210,6 +214,7 @@ func TestBigMembershipsOf(t *testing.T) {
 // Heads reads many conversations' heads in one statement; a conversation
 // that does not exist gets ErrNotFound in its place.
 func TestHeads(t *testing.T) {
+	t.Parallel()
 	env, st, ctx := startStore(t)
 	env.Group(t, "g", "ana", "ben") // seq 1
 	env.Group(t, "h", "ana", "cy")
@@ -232,6 +237,7 @@ func TestHeads(t *testing.T) {
 // positions (receipts_private), as of their own transaction, so a read
 // receipt needs nothing more from PostgreSQL.
 func TestReadMergeCarriesReceiptsPrivate(t *testing.T) {
+	t.Parallel()
 	env, st, ctx := startStore(t)
 	env.Group(t, "g", "ana", "ben") // seq 1
 	if _, err := st.SetReceiptsPrivate(ctx, "ben", true); err != nil {
@@ -267,6 +273,7 @@ func TestReadMergeCarriesReceiptsPrivate(t *testing.T) {
 // conversation that does not exist, ids PostgreSQL cannot hold) find
 // nothing and fail nothing.
 func TestStoredSends(t *testing.T) {
+	t.Parallel()
 	env, st, ctx := startStore(t)
 	env.Group(t, "g", "ana", "ben") // seq 1
 	conn := pgConn(t, ctx, env)

@@ -16,6 +16,7 @@ import (
 // device once, concurrent batches over the same ids included, and leave a
 // device that exists under another user to that user.
 func TestProvisionDevices(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	st, err := store.Open(ctx, testenv.PostgresURL(t), 8)

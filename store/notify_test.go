@@ -13,6 +13,7 @@ import (
 // membership periods contain its seq (not the sender; only the mentioned
 // users for a mentions-only event), with their cursors and mutes.
 func TestNotifyTargets(t *testing.T) {
+	t.Parallel()
 	env, st, ctx := startStore(t)
 	env.Group(t, "g", "ana", "ben", "cy") // seq 1
 	env.Group(t, "h", "ana", "ben")       // seq 1
@@ -94,6 +95,7 @@ func TestNotifyTargets(t *testing.T) {
 // sent with, not one the device made since: with another token, or with
 // the same token again (the app was handed it anew).
 func TestDropNotifyTokenKeepsNewerRegistration(t *testing.T) {
+	t.Parallel()
 	env, st, ctx := startStore(t)
 	dev := env.User(t, "drop-tokens", 1)[0]
 	reg := func(token string, at int64) {

@@ -95,6 +95,7 @@ func tracedStore(t *testing.T, ctx context.Context) (st *Store, tr *callTracer) 
 // call, carrying both statements, and nothing else (no BEGIN, no COMMIT,
 // no statement of its own after the lock). The advance still happens.
 func TestAdvanceDenseSendsLockAndAdvanceInOneRoundTrip(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	st, tr := tracedStore(t, ctx)
@@ -150,6 +151,7 @@ func TestAdvanceDenseSendsLockAndAdvanceInOneRoundTrip(t *testing.T) {
 // allocation, and the edit's write and COMMIT in one batch after it.
 // A refused edit and a retry allocate nothing and end with a ROLLBACK.
 func TestEditHoldsItsLocksAcrossTheAllocationAndOneRoundTrip(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	st, tr := tracedStore(t, ctx)

@@ -26,6 +26,7 @@ import (
 // membership periods differ, asking for the same ranges in one batch, and
 // each request's answer equals the one it gets alone.
 func TestSnapshotBatchKeepsVisibilityPerUser(t *testing.T) {
+	t.Parallel()
 	env := parleytest.Start(t, parleytest.Config(t))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -163,6 +164,7 @@ func seqs(evs []store.Event) []int64 {
 // failed on (each in a failed transaction) are not handed out again:
 // once migrated, snapshots on all of them, at once, succeed.
 func TestPlanSnapshots(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	st, err := store.Open(ctx, testenv.PostgresURL(t), 2)
@@ -202,6 +204,7 @@ func TestPlanSnapshots(t *testing.T) {
 // the newest few) return equal Events for every kind of event, a message's
 // mentions, edits and recall included.
 func TestEventReadsAgree(t *testing.T) {
+	t.Parallel()
 	env := parleytest.Start(t, parleytest.Config(t))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

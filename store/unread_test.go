@@ -37,6 +37,7 @@ import (
 //
 // PARLEY_UNREAD_SEED=N replays a history.
 func TestUnreadBucketsMatchDefinition(t *testing.T) {
+	t.Parallel()
 	seed := time.Now().UnixNano()
 	if s := os.Getenv("PARLEY_UNREAD_SEED"); s != "" {
 		v, err := strconv.ParseInt(s, 10, 64)
@@ -294,6 +295,7 @@ SELECT coalesce(b.sender, x.sender), coalesce(b.bucket, x.bucket), coalesce(b.n,
 // conversation row lock, so every message is taken out of its bucket
 // exactly when it had been counted in.
 func TestOwnBucketsUnderConcurrentRecallsAndAdvances(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	st, pg := bucketStore(t, ctx, 8)
