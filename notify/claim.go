@@ -90,7 +90,7 @@ func (n *Notifier) handle(ctx context.Context, jobs []job) {
 			devices = append(devices, j)
 		}
 	}
-	var fin []done
+	var fin []finishedJob
 	if len(msgs) > 0 {
 		fin = append(fin, n.evaluateMessages(ctx, msgs)...)
 	}
@@ -115,6 +115,6 @@ func (n *Notifier) handle(ctx context.Context, jobs []job) {
 func (n *Notifier) keep() time.Duration { return max(n.cfg.TTL, 24*time.Hour) }
 
 // retryLater finishes j as a retry after d (Redis or PostgreSQL failed).
-func retryLater(j *job, d time.Duration) done {
-	return done{Job: j, Outcome: outcomeRetry, At: time.Now().Add(d)}
+func retryLater(j *job, d time.Duration) finishedJob {
+	return finishedJob{Job: j, Outcome: outcomeRetry, At: time.Now().Add(d)}
 }

@@ -416,8 +416,8 @@ func TestLaterJobsLetShardSleep(t *testing.T) {
 	ctx := context.Background()
 	for i := range 20 {
 		due := time.Now().Add(5 * time.Second).UnixMilli()
-		job := put{ID: fmt.Sprintf("b|u%d", i), Shard: 0, Due: due, Seq: due, Ts: due, Body: jobBody{User: fmt.Sprint("u", i)}}
-		if err := n.q.put(ctx, []put{job}, n.cfg.Delay); err != nil {
+		job := newJob{ID: fmt.Sprintf("b|u%d", i), Shard: 0, Due: due, Seq: due, Ts: due, Body: jobBody{User: fmt.Sprint("u", i)}}
+		if err := n.q.put(ctx, []newJob{job}, n.cfg.Delay); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(10 * time.Millisecond)

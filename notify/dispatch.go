@@ -9,10 +9,11 @@ import (
 	"github.com/parley-im/parley/store"
 )
 
-// pool is one provider with its bounded queue and workers.
-type pool struct {
+// providerQueue is one provider with its bounded queue of send
+// attempts and the workers that make them.
+type providerQueue struct {
 	p     Provider
-	tasks chan task
+	tasks chan sendAttempt
 	// stuckUntil (Unix ns): the queue stayed full for a whole
 	// providerWait lately; until then dispatch does not wait for room.
 	stuckUntil atomic.Int64
@@ -36,7 +37,7 @@ const (
 // offer hands t to the provider's queue: at once if there is room,
 // otherwise after waiting for room until the wait budget *wait runs out
 // (the time waited is taken from it). It reports whether t was queued.
-func (p *pool) offer(t task, wait *time.Duration, stop <-chan struct{}) bool {
+func (p *providerQueue) offer(t sendAttempt, wait *time.Duration, stop <-chan struct{}) bool {
 	select {
 	case p.tasks <- t:
 		return true
@@ -62,7 +63,9 @@ func (p *pool) offer(t task, wait *time.Duration, stop <-chan struct{}) bool {
 	}
 }
 
-type task struct {
+// sendAttempt is one notification handed to a provider: the job it
+// comes from and what is sent.
+type sendAttempt struct {
 	j job
 	n Notification
 	// fence: the device's fence read before its registration (gate.go);
@@ -73,7 +76,7 @@ type task struct {
 // dispatch hands device jobs to their providers: with the current
 // registration, the badge of now, and only if still wanted (a message
 // notification whose messages the device acked meanwhile is dropped).
-func (n *Notifier) dispatch(ctx context.Context, jobs []*job) []done {
+func (n *Notifier) dispatch(ctx context.Context, jobs []*job) []finishedJob {
 	var devices, users []string
 	var pairs []store.DeviceConv
 	seenU := map[string]bool{}
@@ -87,7 +90,7 @@ func (n *Notifier) dispatch(ctx context.Context, jobs []*job) []done {
 			pairs = append(pairs, store.DeviceConv{Device: j.Body.Device, Conv: j.Body.Conv})
 		}
 	}
-	fin := make([]done, 0)
+	fin := make([]finishedJob, 0)
 	// The fences first: a withdrawal committed after they were read
 	// stops these sends at the gate (gate.go).
 	fences, err := n.fences(ctx, devices)
@@ -111,32 +114,32 @@ func (n *Notifier) dispatch(ctx context.Context, jobs []*job) []done {
 		return fin
 	}
 	now := time.Now()
-	wait := map[*pool]time.Duration{} // what is left of each provider's wait
+	wait := map[*providerQueue]time.Duration{} // what is left of each provider's wait
 	for _, j := range jobs {
 		reg, ok := regs[j.Body.Device]
 		if !ok {
 			n.m.dropped.WithLabelValues("", "unregistered").Inc()
-			fin = append(fin, done{Job: j, Outcome: outcomeDrop, At: now})
+			fin = append(fin, finishedJob{Job: j, Outcome: outcomeDrop, At: now})
 			continue
 		}
 		p := n.providers[reg.Provider]
 		if p == nil {
 			n.m.dropped.WithLabelValues(reg.Provider, "no_provider").Inc()
-			fin = append(fin, done{Job: j, Outcome: outcomeDrop, At: now})
+			fin = append(fin, finishedJob{Job: j, Outcome: outcomeDrop, At: now})
 			continue
 		}
 		if now.Sub(time.UnixMilli(j.Ts)) > n.cfg.TTL {
 			n.m.dropped.WithLabelValues(reg.Provider, "expired").Inc()
-			fin = append(fin, done{Job: j, Outcome: outcomeDrop, At: now})
+			fin = append(fin, finishedJob{Job: j, Outcome: outcomeDrop, At: now})
 			continue
 		}
 		if j.ID[0] == jobMsg && delivered[store.DeviceConv{Device: j.Body.Device, Conv: j.Body.Conv}] >= j.Seq {
 			n.m.skipped.WithLabelValues("acked").Inc()
-			fin = append(fin, done{Job: j, Outcome: outcomeDrop, At: now})
+			fin = append(fin, finishedJob{Job: j, Outcome: outcomeDrop, At: now})
 			continue
 		}
 		badge := min(badges[j.Body.User], n.cfg.BadgeMax)
-		t := task{j: *j, fence: fences[reg.Device], n: Notification{Device: reg.Device, User: reg.User, Token: reg.Token, Sandbox: reg.Sandbox,
+		t := sendAttempt{j: *j, fence: fences[reg.Device], n: Notification{Device: reg.Device, User: reg.User, Token: reg.Token, Sandbox: reg.Sandbox,
 			RegisteredAt: reg.RegisteredAt, Conv: j.Body.Conv, Seq: j.Seq, Badge: badge, Ts: j.Ts}}
 		switch j.ID[0] {
 		case jobMsg:
@@ -159,14 +162,14 @@ func (n *Notifier) dispatch(ctx context.Context, jobs []*job) []done {
 			// The provider is far behind (slow or hanging): try later,
 			// without holding up the other providers.
 			n.m.deferred.WithLabelValues(reg.Provider).Inc()
-			fin = append(fin, done{Job: j, Outcome: outcomeRetry, At: now.Add(time.Second)})
+			fin = append(fin, finishedJob{Job: j, Outcome: outcomeRetry, At: now.Add(time.Second)})
 		}
 	}
 	return fin
 }
 
 // sendLoop is one worker of a provider.
-func (n *Notifier) sendLoop(p *pool) {
+func (n *Notifier) sendLoop(p *providerQueue) {
 	defer n.senders.Done()
 	for t := range p.tasks {
 		ctx, cancel := context.WithTimeout(context.Background(), n.cfg.Timeout)
@@ -180,7 +183,7 @@ func (n *Notifier) sendLoop(p *pool) {
 		if n.beforeFinish != nil && !n.beforeFinish(&t.j, err) {
 			continue
 		}
-		r := result{j: t.j, provider: p.p.Name(), token: t.n.Token, regAt: t.n.RegisteredAt, err: err}
+		r := providerAnswer{j: t.j, provider: p.p.Name(), token: t.n.Token, regAt: t.n.RegisteredAt, err: err}
 		if entered {
 			r.device, r.sendID = t.n.Device, t.sendID
 		}

@@ -22,7 +22,7 @@ func msgJobID(device, conv string) string {
 // message, unless muted and not mentioned, gets it merged into its
 // pending notification of the conversation, one update per (device,
 // conversation) for all the jobs' messages.
-func (n *Notifier) evaluateMessages(ctx context.Context, jobs []*job) []done {
+func (n *Notifier) evaluateMessages(ctx context.Context, jobs []*job) []finishedJob {
 	var refs []eventRef
 	for _, j := range jobs {
 		if len(j.Body.Events) > 0 {
@@ -35,7 +35,7 @@ func (n *Notifier) evaluateMessages(ctx context.Context, jobs []*job) []done {
 	for i, r := range refs {
 		evs[i] = store.NotifyEvent{Conv: r.Conv, Seq: r.Seq, MentionsOnly: r.Members > int64(n.cfg.OnlineFanoutMax)}
 	}
-	fin := make([]done, 0, len(jobs))
+	fin := make([]finishedJob, 0, len(jobs))
 	targets, err := n.st.NotifyTargets(ctx, evs)
 	if err != nil {
 		n.log.Warn("reading notification targets", "err", err)
@@ -46,8 +46,8 @@ func (n *Notifier) evaluateMessages(ctx context.Context, jobs []*job) []done {
 	}
 	now := time.Now()
 	type pair struct{ device, conv string }
-	merged := map[pair]*put{}
-	var puts []*put
+	merged := map[pair]*newJob{}
+	var puts []*newJob
 	for _, t := range targets {
 		r := refs[t.Event]
 		if t.Delivered >= r.Seq {
@@ -62,7 +62,7 @@ func (n *Notifier) evaluateMessages(ctx context.Context, jobs []*job) []done {
 		p := merged[k]
 		if p == nil {
 			shard := n.q.shardOf(r.Conv)
-			p = &put{ID: msgJobID(t.Reg.Device, r.Conv), Shard: shard, Due: now.Add(n.mergeWindow()).UnixMilli(),
+			p = &newJob{ID: msgJobID(t.Reg.Device, r.Conv), Shard: shard, Due: now.Add(n.mergeWindow()).UnixMilli(),
 				Merge: true, Sent: n.q.sentKey(shard, t.Reg.Device, r.Conv)}
 			merged[k] = p
 			puts = append(puts, p)
@@ -78,7 +78,7 @@ func (n *Notifier) evaluateMessages(ctx context.Context, jobs []*job) []done {
 		}
 		p.Body.Mentioned = mentioned
 	}
-	out := make([]put, len(puts))
+	out := make([]newJob, len(puts))
 	for i, p := range puts {
 		slices.Sort(p.Seqs)
 		p.Seqs = slices.Compact(p.Seqs)
@@ -86,7 +86,7 @@ func (n *Notifier) evaluateMessages(ctx context.Context, jobs []*job) []done {
 	}
 	// In seq order, as messages committed later are merged after
 	// earlier ones.
-	slices.SortStableFunc(out, func(a, b put) int { return cmp.Compare(a.Seq, b.Seq) })
+	slices.SortStableFunc(out, func(a, b newJob) int { return cmp.Compare(a.Seq, b.Seq) })
 	if len(out) > 0 {
 		if err := n.q.put(ctx, out, n.cfg.Delay); err != nil {
 			n.log.Warn("queueing notifications", "err", err)
@@ -97,7 +97,7 @@ func (n *Notifier) evaluateMessages(ctx context.Context, jobs []*job) []done {
 		}
 	}
 	for _, j := range jobs {
-		fin = append(fin, done{Job: j, Outcome: outcomeDrop, At: now})
+		fin = append(fin, finishedJob{Job: j, Outcome: outcomeDrop, At: now})
 	}
 	return fin
 }
@@ -122,10 +122,10 @@ func preview(body []byte) string {
 
 // evaluateRecall queues a data-only recall notification to each device
 // that was notified of the recalled message.
-func (n *Notifier) evaluateRecall(ctx context.Context, j *job) done {
+func (n *Notifier) evaluateRecall(ctx context.Context, j *job) finishedJob {
 	info, err := n.st.RecallTargets(ctx, j.Body.Conv, j.Seq)
 	if errors.Is(err, store.ErrNotFound) {
-		return done{Job: j, Outcome: outcomeDrop, At: time.Now()}
+		return finishedJob{Job: j, Outcome: outcomeDrop, At: time.Now()}
 	}
 	if err != nil {
 		n.log.Warn("reading recall targets", "err", err)
@@ -140,12 +140,12 @@ func (n *Notifier) evaluateRecall(ctx context.Context, j *job) done {
 		return retryLater(j, time.Second)
 	}
 	now := time.Now().UnixMilli()
-	var puts []put
+	var puts []newJob
 	for _, d := range info.Devices {
 		if last[d.Device] < info.Target {
 			continue // never notified of the recalled message
 		}
-		puts = append(puts, put{ID: "r|" + strconv.FormatInt(j.Seq, 10) + "|" + strconv.Itoa(len(d.Device)) + ":" + d.Device + j.Body.Conv,
+		puts = append(puts, newJob{ID: "r|" + strconv.FormatInt(j.Seq, 10) + "|" + strconv.Itoa(len(d.Device)) + ":" + d.Device + j.Body.Conv,
 			Shard: j.Shard, Due: now, Seq: j.Seq, Ts: j.Ts, Body: jobBody{Conv: j.Body.Conv, User: d.User, Device: d.Device, Target: info.Target}})
 	}
 	if len(puts) > 0 {
@@ -153,7 +153,7 @@ func (n *Notifier) evaluateRecall(ctx context.Context, j *job) done {
 			return retryLater(j, time.Second)
 		}
 	}
-	return done{Job: j, Outcome: outcomeDrop, At: time.Now()}
+	return finishedJob{Job: j, Outcome: outcomeDrop, At: time.Now()}
 }
 
 // notifiedKey is the set of conversations a device was notified of and
@@ -165,14 +165,14 @@ func (n *Notifier) notifiedKey(device string) string {
 // evaluateBadge: the user's read position moved; every registered device
 // of theirs that is not connected and was notified of something it has
 // not acked since gets a badge notification.
-func (n *Notifier) evaluateBadge(ctx context.Context, j *job) done {
+func (n *Notifier) evaluateBadge(ctx context.Context, j *job) finishedJob {
 	user := j.Body.User
 	regs, err := n.st.UserRegistrations(ctx, user)
 	if err != nil {
 		return retryLater(j, time.Second)
 	}
 	if len(regs) == 0 {
-		return done{Job: j, Outcome: outcomeDrop, At: time.Now()}
+		return finishedJob{Job: j, Outcome: outcomeDrop, At: time.Now()}
 	}
 	connected := map[string]bool{}
 	if n.online != nil {
@@ -181,7 +181,7 @@ func (n *Notifier) evaluateBadge(ctx context.Context, j *job) done {
 		}
 	}
 	now := time.Now().UnixMilli()
-	var puts []put
+	var puts []newJob
 	for _, r := range regs {
 		if connected[r.Device] {
 			continue
@@ -193,7 +193,7 @@ func (n *Notifier) evaluateBadge(ctx context.Context, j *job) done {
 		if !stale {
 			continue
 		}
-		puts = append(puts, put{ID: "g|" + r.Device, Shard: n.q.shardOf(user), Due: now, Seq: now, Ts: now,
+		puts = append(puts, newJob{ID: "g|" + r.Device, Shard: n.q.shardOf(user), Due: now, Seq: now, Ts: now,
 			Body: jobBody{User: user, Device: r.Device}})
 	}
 	if len(puts) > 0 {
@@ -201,7 +201,7 @@ func (n *Notifier) evaluateBadge(ctx context.Context, j *job) done {
 			return retryLater(j, time.Second)
 		}
 	}
-	return done{Job: j, Outcome: outcomeDrop, At: time.Now()}
+	return finishedJob{Job: j, Outcome: outcomeDrop, At: time.Now()}
 }
 
 // notifiedUnacked reports whether device was notified of a message it has

@@ -86,7 +86,7 @@ func (n *Notifier) fences(ctx context.Context, devices []string) (map[string]str
 
 // enter passes the gate of t's device for one send, or reports
 // errWithdrawn.
-func (n *Notifier) enter(ctx context.Context, t *task) error {
+func (n *Notifier) enter(ctx context.Context, t *sendAttempt) error {
 	ok, err := scripts.NotifyGate.Run(ctx, n.rdb, []string{n.fenceKey(t.n.Device), n.inFlightKey(t.n.Device)},
 		t.fence, t.sendID, n.markLife().Milliseconds()).Int()
 	if err != nil {
@@ -111,7 +111,7 @@ func newBootID() string {
 
 // leave removes the in-flight marks of sends whose outcomes are being
 // recorded (in the recording pipeline p).
-func (n *Notifier) leave(ctx context.Context, p redis.Pipeliner, rs []result) {
+func (n *Notifier) leave(ctx context.Context, p redis.Pipeliner, rs []providerAnswer) {
 	for _, r := range rs {
 		if r.sendID != "" {
 			p.ZRem(ctx, n.inFlightKey(r.device), r.sendID)

@@ -60,7 +60,7 @@ func (n *Notifier) ReadAdvanced(user string) {
 // intakeLoop queues events and read advances, many per pipeline.
 func (n *Notifier) intakeLoop() {
 	defer n.loops.Done()
-	var pending []put
+	var pending []newJob
 	var msgs []eventRef // messages taken this round: they share jobs
 	take := func(e intake) {
 		if e.Kind == store.KindRecall {
@@ -123,8 +123,8 @@ func (n *Notifier) intakeLoop() {
 }
 
 // eventJob is a recall's job.
-func (n *Notifier) eventJob(e intake) put {
-	return put{ID: eventJobID(e.Seq, e.Conv), Shard: n.q.shardOf(e.Conv),
+func (n *Notifier) eventJob(e intake) newJob {
+	return newJob{ID: eventJobID(e.Seq, e.Conv), Shard: n.q.shardOf(e.Conv),
 		Due: e.ts + n.cfg.Delay.Milliseconds(), Seq: e.Seq, Ts: e.ts,
 		Body: jobBody{Conv: e.Conv, Kind: KindRecall, Members: e.Members, Target: e.Target}}
 }
@@ -142,7 +142,7 @@ func eventJobID(seq int64, conv string) string { return "e|" + strconv.FormatInt
 // queue's work per message small (the recipients are evaluated per claim
 // anyway), and a conversation's messages stay in its shard, whose loop
 // evaluates them in commit order, as notification counts need.
-func (n *Notifier) messageJobs(pending []put, msgs []eventRef) []put {
+func (n *Notifier) messageJobs(pending []newJob, msgs []eventRef) []newJob {
 	groups := make([][]eventRef, n.cfg.Shards)
 	for _, m := range msgs {
 		s := n.q.shardOf(m.Conv)
@@ -160,19 +160,19 @@ func (n *Notifier) messageJobs(pending []put, msgs []eventRef) []put {
 	return pending
 }
 
-func (n *Notifier) messageJob(refs []eventRef) put {
+func (n *Notifier) messageJob(refs []eventRef) newJob {
 	first, newest := refs[0], refs[0].ts
 	for _, r := range refs[1:] {
 		newest = max(newest, r.ts)
 	}
-	return put{ID: eventJobID(first.Seq, first.Conv), Shard: n.q.shardOf(first.Conv),
+	return newJob{ID: eventJobID(first.Seq, first.Conv), Shard: n.q.shardOf(first.Conv),
 		Due: newest + n.cfg.Delay.Milliseconds(), Seq: first.Seq, Ts: newest, Body: jobBody{Kind: KindMsg, Events: refs}}
 }
 
 // badgeUserJob: read advances of one user within a short while share one
 // job (a reader scrolling through conversations moves it many times).
-func (n *Notifier) badgeUserJob(user string) put {
+func (n *Notifier) badgeUserJob(user string) newJob {
 	now := time.Now().UnixMilli()
 	wait := min(n.cfg.Delay/10, 500*time.Millisecond).Milliseconds()
-	return put{ID: "b|" + user, Shard: n.q.shardOf(user), Due: now + wait, Seq: now, Ts: now, Body: jobBody{User: user}}
+	return newJob{ID: "b|" + user, Shard: n.q.shardOf(user), Due: now + wait, Seq: now, Ts: now, Body: jobBody{User: user}}
 }

@@ -72,7 +72,7 @@ type Notifier struct {
 	cfg       Config
 	log       *slog.Logger
 	m         *metrics
-	providers map[string]*pool
+	providers map[string]*providerQueue
 	online    Online
 	// boot prefixes this process's send ids in the devices' gates
 	// (gate.go); sends counts them.
@@ -84,7 +84,7 @@ type Notifier struct {
 	events chan intake
 	reads  chan string
 	// Outcomes of provider requests waiting to be recorded (finishLoop).
-	results chan result
+	results chan providerAnswer
 
 	// beforeFinish, if set (tests), runs when a provider answered, before
 	// the outcome is recorded; false leaves the job unfinished, as if the
@@ -121,10 +121,10 @@ func New(st *store.Store, rdb redis.UniversalClient, cfg Config, providers []Pro
 		cfg.Poll = 20 * time.Millisecond
 	}
 	n := &Notifier{st: st, rdb: rdb, q: newQueue(rdb, cfg.Prefix, cfg.Shards), cfg: cfg, log: log,
-		m: newMetrics(reg), providers: map[string]*pool{}, online: online, boot: newBootID(),
+		m: newMetrics(reg), providers: map[string]*providerQueue{}, online: online, boot: newBootID(),
 		stop: make(chan struct{})}
 	for _, p := range providers {
-		n.providers[p.Name()] = &pool{p: p, tasks: make(chan task, cfg.Concurrency*8)}
+		n.providers[p.Name()] = &providerQueue{p: p, tasks: make(chan sendAttempt, cfg.Concurrency*8)}
 	}
 	if !n.Off() {
 		// The intake's buffers are only made when they can be used:
@@ -133,7 +133,7 @@ func New(st *store.Store, rdb redis.UniversalClient, cfg Config, providers []Pro
 		// a server that sends no notifications.
 		n.events = make(chan intake, intakeEvents)
 		n.reads = make(chan string, intakeReads)
-		n.results = make(chan result, 4096)
+		n.results = make(chan providerAnswer, 4096)
 	}
 	return n
 }

@@ -129,8 +129,8 @@ func (q *queue) sentKey(shard int, device, conv string) string {
 	return q.tag(shard) + "sent:" + strconv.Itoa(len(device)) + ":" + device + conv
 }
 
-// put is one job to add (or merge).
-type put struct {
+// newJob is one job to add (or merge).
+type newJob struct {
 	ID    string
 	Shard int
 	Due   int64
@@ -176,9 +176,9 @@ func byShard[T any](jobs []T, shardOf func(*T) int, f func(shard int, part []*T)
 // put adds jobs in one pipeline, a script call per shard (and per
 // scriptJobs); gap is the least time between two notifications of one
 // (device, conversation).
-func (q *queue) put(ctx context.Context, jobs []put, gap time.Duration) error {
+func (q *queue) put(ctx context.Context, jobs []newJob, gap time.Duration) error {
 	_, err := scripts.RunPipelined(ctx, q.rdb, func(p redis.Pipeliner) {
-		byShard(jobs, func(j *put) int { return j.Shard }, func(shard int, part []*put) {
+		byShard(jobs, func(j *newJob) int { return j.Shard }, func(shard int, part []*newJob) {
 			keys := make([]string, 2, 2+len(part))
 			keys[0], keys[1] = q.dueKey(shard), q.jobsKey(shard)
 			args := make([]any, 1, 1+7*len(part))
@@ -266,8 +266,9 @@ const (
 	outcomeRetry = "retry" // try again at the given time
 )
 
-// done is the finishing of one job.
-type done struct {
+// finishedJob is a claimed job with its outcome: sent, dropped, or
+// retried at At.
+type finishedJob struct {
 	Job     *job
 	Outcome string
 	At      time.Time // now, or for retry when to try again
@@ -277,9 +278,9 @@ type done struct {
 // per scriptJobs). gap: the least time between two notifications of one
 // (device, conversation); keep: how long the last notification is
 // remembered.
-func (q *queue) finish(ctx context.Context, ds []done, gap, keep time.Duration) error {
+func (q *queue) finish(ctx context.Context, ds []finishedJob, gap, keep time.Duration) error {
 	_, err := scripts.RunPipelined(ctx, q.rdb, func(p redis.Pipeliner) {
-		byShard(ds, func(d *done) int { return d.Job.Shard }, func(shard int, part []*done) {
+		byShard(ds, func(d *finishedJob) int { return d.Job.Shard }, func(shard int, part []*finishedJob) {
 			keys := make([]string, 2, 2+len(part))
 			keys[0], keys[1] = q.dueKey(shard), q.jobsKey(shard)
 			args := make([]any, 2, 2+5*len(part))

@@ -9,7 +9,9 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-type result struct {
+// providerAnswer is what a provider answered to one send attempt, to be
+// recorded (record).
+type providerAnswer struct {
 	j        job
 	provider string
 	token    string
@@ -25,7 +27,7 @@ type result struct {
 func (n *Notifier) finishLoop() {
 	defer n.finisher.Done()
 	for r := range n.results {
-		batch := []result{r}
+		batch := []providerAnswer{r}
 		linger := time.NewTimer(recordLinger)
 	more:
 		for len(batch) < 512 {
@@ -52,11 +54,11 @@ func (n *Notifier) finishLoop() {
 const recordLinger = 10 * time.Millisecond
 
 // record finishes the jobs of batch by their outcomes.
-func (n *Notifier) record(batch []result) {
+func (n *Notifier) record(batch []providerAnswer) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	now := time.Now()
-	fin := make([]done, 0, len(batch))
+	fin := make([]finishedJob, 0, len(batch))
 	var notified []*job
 	for i := range batch {
 		r := &batch[i]
@@ -70,14 +72,14 @@ func (n *Notifier) record(batch []result) {
 				n.m.latency.WithLabelValues(r.provider).Observe(now.Sub(time.UnixMilli(j.Ts)).Seconds())
 				notified = append(notified, j)
 			}
-			fin = append(fin, done{Job: j, Outcome: outcomeSent, At: now})
+			fin = append(fin, finishedJob{Job: j, Outcome: outcomeSent, At: now})
 			continue
 		}
 		if errors.Is(r.err, errWithdrawn) {
 			// Prepared from a registration withdrawn or replaced since:
 			// prepared again now, from what is registered (if anything).
 			n.m.skipped.WithLabelValues("withdrawn").Inc()
-			fin = append(fin, done{Job: j, Outcome: outcomeRetry, At: now})
+			fin = append(fin, finishedJob{Job: j, Outcome: outcomeRetry, At: now})
 			continue
 		}
 		reason, after := reasonOf(r.err)
@@ -90,23 +92,23 @@ func (n *Notifier) record(batch []result) {
 				continue
 			}
 			n.m.dropped.WithLabelValues(r.provider, reason).Inc()
-			fin = append(fin, done{Job: j, Outcome: outcomeDrop, At: now})
+			fin = append(fin, finishedJob{Job: j, Outcome: outcomeDrop, At: now})
 		case ReasonRejected:
 			n.log.Warn("notification rejected", "provider", r.provider, "device", j.Body.Device, "err", r.err)
 			n.m.dropped.WithLabelValues(r.provider, reason).Inc()
-			fin = append(fin, done{Job: j, Outcome: outcomeDrop, At: now})
+			fin = append(fin, finishedJob{Job: j, Outcome: outcomeDrop, At: now})
 		case ReasonConfig:
 			n.configRefused(r.provider, r.err)
 			n.m.dropped.WithLabelValues(r.provider, reason).Inc()
-			fin = append(fin, done{Job: j, Outcome: outcomeDrop, At: now})
+			fin = append(fin, finishedJob{Job: j, Outcome: outcomeDrop, At: now})
 		default:
 			at := now.Add(max(backoff(j.Attempts), after))
 			if at.Sub(time.UnixMilli(j.Ts)) > n.cfg.TTL {
 				n.m.dropped.WithLabelValues(r.provider, "expired").Inc()
-				fin = append(fin, done{Job: j, Outcome: outcomeDrop, At: now})
+				fin = append(fin, finishedJob{Job: j, Outcome: outcomeDrop, At: now})
 				continue
 			}
-			fin = append(fin, done{Job: j, Outcome: outcomeRetry, At: at})
+			fin = append(fin, finishedJob{Job: j, Outcome: outcomeRetry, At: at})
 		}
 	}
 	if err := n.q.finish(ctx, fin, n.cfg.Delay, n.keep()); err != nil {
