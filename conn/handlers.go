@@ -124,12 +124,12 @@ func (g *Gateway) wireError(s *Session, req *wire.Request, err error) *wire.Erro
 		return e
 	}
 	var forbidden *store.ForbiddenError
+	var notMember *store.NotMemberError
 	switch {
 	case errors.As(err, &forbidden):
 		return wire.Errorf(wire.Forbidden, "%s", forbidden.Reason)
-	case errors.Is(err, store.ErrNotMember) && err != store.ErrNotMember:
-		// Names the user who is not a member (moderation requests).
-		return wire.Errorf(wire.NotMember, "%s", strings.TrimPrefix(err.Error(), "store: "))
+	case errors.As(err, &notMember): // a moderation request's target
+		return wire.Errorf(wire.NotMember, "not a member: %s", notMember.User)
 	case errors.Is(err, store.ErrNotMember), errors.Is(err, store.ErrNotFound):
 		return wire.Errorf(wire.NotMember, "not a member of this conversation")
 	case errors.Is(err, store.ErrUnknownUser):

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"time"
 
@@ -131,7 +130,7 @@ func (r *Rows) Close() {
 
 func (r *Rows) ensureGroup(ctx context.Context) error {
 	err := r.rdb.XGroupCreateMkStream(ctx, r.stream, rowsGroup, "0").Err()
-	if err != nil && !strings.HasPrefix(err.Error(), "BUSYGROUP") {
+	if err != nil && !redis.HasErrorPrefix(err, "BUSYGROUP") {
 		return fmt.Errorf("rows: creating consumer group: %w", err)
 	}
 	return nil
@@ -254,7 +253,7 @@ func (r *Rows) work(name string) {
 		switch {
 		case errors.Is(err, redis.Nil):
 			continue
-		case err != nil && strings.HasPrefix(err.Error(), "NOGROUP"):
+		case redis.HasErrorPrefix(err, "NOGROUP"):
 			// Redis lost the stream (flushed or restarted empty).
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			if err := r.ensureGroup(ctx); err != nil {
@@ -388,7 +387,7 @@ func (r *Rows) reclaim(ctx context.Context) {
 		msgs, next, err := r.rdb.XAutoClaim(ctx, &redis.XAutoClaimArgs{Stream: r.stream, Group: rowsGroup,
 			Consumer: r.consumer + "-claim", MinIdle: r.cfg.ClaimIdle, Start: start, Count: 100}).Result()
 		if err != nil {
-			if !errors.Is(err, redis.Nil) && !strings.HasPrefix(err.Error(), "NOGROUP") {
+			if !errors.Is(err, redis.Nil) && !redis.HasErrorPrefix(err, "NOGROUP") {
 				r.log.Debug("claiming fan-out entries", "err", err)
 			}
 			return

@@ -17,7 +17,6 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
-	"strings"
 	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
@@ -102,7 +101,7 @@ func Load(ctx context.Context, rdb redis.UniversalClient) error {
 
 // IsNoScript reports whether err is Redis's NOSCRIPT.
 func IsNoScript(err error) bool {
-	return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")
+	return redis.HasErrorPrefix(err, "NOSCRIPT")
 }
 
 // RunPipelined runs queue (which adds EvalSha calls and other commands to

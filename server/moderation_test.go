@@ -756,6 +756,9 @@ func TestModerationRules(t *testing.T) {
 		n.refused(t, "the owner makes itself an admin", g, wire.Forbidden, own.a, reqRole(g, "own", wire.RoleAdmin))
 		n.refused(t, "the owner makes itself a member", g, wire.Forbidden, own.a, reqRole(g, "own", wire.RoleMember))
 		n.refused(t, "the owner gives a non-member a role", g, wire.NotMember, own.a, reqRole(g, "out", wire.RoleAdmin))
+		if _, err := own.a.do(reqRole(g, "out", wire.RoleAdmin)); err == nil || !strings.HasSuffix(err.Error(), "not a member: out") {
+			t.Errorf("a role for a non-member: %v, want a message naming the user", err)
+		}
 		n.refused(t, "a non-member gives a role", g, wire.NotMember, out.a, reqRole(g, "mem", wire.RoleAdmin))
 		n.refused(t, "a role in a conversation that does not exist", "role", wire.NotMember, own.a, reqRole("no-such-conv", "adm", wire.RoleAdmin))
 		n.accepted(t, "the owner makes mem an admin", g, own.a, reqRole(g, "mem", wire.RoleAdmin), evRole("own", "mem", wire.RoleAdmin))

@@ -235,7 +235,7 @@ func (s *Store) SetRole(ctx context.Context, ch *MembershipChange, user string, 
 			return err
 		}
 		if !ok {
-			return fmt.Errorf("%w: %s", ErrNotMember, user)
+			return &NotMemberError{User: user}
 		}
 		if m.role == role {
 			return nil
@@ -331,7 +331,7 @@ func (s *Store) MuteMember(ctx context.Context, ch *MembershipChange, user strin
 			return err
 		}
 		if !ok {
-			return fmt.Errorf("%w: %s", ErrNotMember, user)
+			return &NotMemberError{User: user}
 		}
 		if m.role >= g.actor {
 			return forbidden("%s is %s: only a higher role may mute it", user, m.role)

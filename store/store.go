@@ -38,6 +38,16 @@ var (
 	ErrSeqTaken = errors.New("store: seq already taken")
 )
 
+// NotMemberError names the user of a request about another member (a
+// role change, a member mute) who is not a current member. It is
+// ErrNotMember to errors.Is.
+type NotMemberError struct{ User string }
+
+func (e *NotMemberError) Error() string { return "store: not a member: " + e.User }
+
+// Is makes errors.Is(err, ErrNotMember) true.
+func (e *NotMemberError) Is(target error) bool { return target == ErrNotMember }
+
 // Store is a pool of connections to the authoritative database.
 type Store struct {
 	pool *pgxpool.Pool

@@ -64,12 +64,11 @@ func IsUnavailable(err error) bool {
 		c := pgErr.Code
 		return strings.HasPrefix(c, "08") || strings.HasPrefix(c, "53") || strings.HasPrefix(c, "57P") || c == "57014"
 	}
-	var redisErr redis.Error
-	if errors.As(err, &redisErr) {
-		msg := redisErr.Error()
-		if strings.HasPrefix(msg, "NOSCRIPT ") || strings.HasPrefix(msg, "MOVED ") || strings.HasPrefix(msg, "ASK ") {
-			return true
-		}
+	if _, moved := redis.IsMovedError(err); moved {
+		return true
+	}
+	if _, ask := redis.IsAskError(err); ask || redis.HasErrorPrefix(err, "NOSCRIPT") {
+		return true
 	}
 	return errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrPoolExhausted) || errors.Is(err, redis.ErrClosed) ||
 		redis.IsLoadingError(err) || redis.IsClusterDownError(err) || redis.IsTryAgainError(err) ||
