@@ -34,7 +34,6 @@ func dialRawFrom(t *testing.T, env *parleytest.Env, local string) *rawConn {
 }
 
 func TestAddrMaxConns(t *testing.T) {
-	t.Parallel()
 	env := startEnv(t, func(c *config.Config) {
 		c.AddrLimitExempt = ""
 		c.AddrMaxConns = 3
@@ -76,7 +75,6 @@ func TestAddrMaxConns(t *testing.T) {
 }
 
 func TestAddrAuthRate(t *testing.T) {
-	t.Parallel()
 	env := startEnv(t, func(c *config.Config) {
 		c.AddrLimitExempt = ""
 		c.AddrAuthRate = 1

@@ -8,7 +8,6 @@ import (
 // The refused auths of an overload get consecutive places in line
 // (one per 1/auth_rate), each spread by a jitter, capped at maxAuthRetry.
 func TestAuthLimiterSpreadsRetries(t *testing.T) {
-	t.Parallel()
 	if newAuthLimiter(0, 10) != nil {
 		t.Fatal("auth_rate 0 is no limit")
 	}

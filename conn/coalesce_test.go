@@ -93,7 +93,6 @@ func (r readsOf) pushesIn(t *testing.T, conv string, from int64, want int, withi
 // wait for the gateway's periodic flush and arrive together, in one write,
 // in seq order; a small conversation's push is not held back.
 func TestPushCoalesce(t *testing.T) {
-	t.Parallel()
 	const period = 400 * time.Millisecond
 	env := startEnv(t, func(c *config.Config) {
 		c.WriteFanoutMax = 3 // two members: push tier
@@ -162,7 +161,6 @@ func TestPushCoalesce(t *testing.T) {
 // must arrive in one read (with the outbox handed to the loop when the
 // first pong was queued, the other nineteen took a second write).
 func TestOneWritePerLoopPass(t *testing.T) {
-	t.Parallel()
 	env := startEnv(t, nil)
 	dev := newUser(t, env, "ow")
 	rd := dialCounting(t, env, dev)

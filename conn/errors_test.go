@@ -23,7 +23,6 @@ import (
 // INTERNAL and is logged with the request; the store's refusals keep their
 // codes.
 func TestWireErrorClassifies(t *testing.T) {
-	t.Parallel()
 	var logged bytes.Buffer
 	g := &Gateway{cfg: config.Default(), log: slog.New(slog.NewTextHandler(&logged, nil))}
 	s := &Session{device: "ana-d1"}

@@ -13,7 +13,6 @@ import (
 // ints; a float with a fraction is BAD_REQUEST naming the field, and the
 // connection stays open (docs/protocol.md §1).
 func TestIntegersAsFloats(t *testing.T) {
-	t.Parallel()
 	env := startEnv(t, nil)
 	dev, other := newUser(t, env, "f"), newUser(t, env, "f")
 	conv := name("c-float")

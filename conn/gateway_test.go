@@ -341,7 +341,6 @@ func mpMap(kv ...any) raw {
 // ---- framing ----
 
 func TestFraming(t *testing.T) {
-	t.Parallel()
 	env := startEnv(t, nil)
 	maxFrame := env.Cfg.MaxFrame
 
@@ -459,7 +458,7 @@ func TestFraming(t *testing.T) {
 // TestBadBody: a well-framed body that is not a request with a known t is
 // BAD_FRAME, a wrong or missing field is BAD_REQUEST; the error echoes the
 // rid when one could be read, and the connection stays open.
-func TestBadBody(t *testing.T) { // not parallel: heap growth and allocation measured process-wide: alone
+func TestBadBody(t *testing.T) {
 	env := startEnv(t, nil)
 
 	// Memory first, before the parallel subtests start: claimed lengths
@@ -608,7 +607,6 @@ func bytesOf(b byte, n int) []byte {
 // ---- limits ----
 
 func TestLimits(t *testing.T) {
-	t.Parallel()
 	env := startEnv(t, func(c *config.Config) {
 		c.MaxFrame = 65536
 		c.SendRate = 2
@@ -858,7 +856,7 @@ func readFrom(nc net.Conn, fr *wire.FrameReader, quiet time.Duration) slowResult
 // that keeps up gets every push promptly, a slow device that reads again
 // gets the pushes that fitted and then a hint for the rest (which it syncs),
 // and a slow device that neither reads nor sends is closed at idle_timeout.
-func TestSlowConsumer(t *testing.T) { // not parallel: lag and heap measured process-wide: alone
+func TestSlowConsumer(t *testing.T) {
 	env := startEnv(t, func(c *config.Config) {
 		c.MaxFrame = 65536
 		c.MaxBody = 16384
@@ -1120,7 +1118,6 @@ func last(xs []int64) int64 {
 // TestNotMember: a user cannot read, write or probe a conversation they
 // are not in; a conversation that does not exist is answered the same way.
 func TestNotMember(t *testing.T) {
-	t.Parallel()
 	env := startEnv(t, nil)
 	ana, ben, eve := newUser(t, env, "ana"), newUser(t, env, "ben"), newUser(t, env, "eve")
 	conv := name("c-private")

@@ -50,7 +50,6 @@ backend parley_websocket
 // through it, and the server knows them by those addresses, not by
 // HAProxy's.
 func TestHAProxyTLS(t *testing.T) {
-	t.Parallel()
 	env, logs := startLogged(t, func(c *config.Config) {
 		c.ProxyProtocol = "on"
 		c.ProxyTrusted = "127.0.0.1/32"

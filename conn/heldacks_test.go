@@ -79,7 +79,6 @@ func waitDelivered(t *testing.T, env *parleytest.Env, device, conv string, want 
 // held acks over at once. The hold here is a minute, so nothing but
 // those commits them during the test (TestHeldAcksFlushEvery: the flush).
 func TestHeldAcks(t *testing.T) {
-	t.Parallel()
 	env := startEnv(t, func(c *config.Config) { c.AckCoalesce = time.Minute })
 
 	t.Run("HeldUntilRead", func(t *testing.T) {
@@ -176,7 +175,6 @@ func TestHeldAcks(t *testing.T) {
 // TestHeldAcksFlushEvery: held acks commit every ack_coalesce with no
 // other request to hand them over.
 func TestHeldAcksFlushEvery(t *testing.T) {
-	t.Parallel()
 	env := startEnv(t, func(c *config.Config) { c.AckCoalesce = 200 * time.Millisecond })
 	r, dev, conv, head := heldConv(t, env, 3)
 	r.send(wire.Request{T: wire.TAck, Conv: conv, Seq: head - 1})

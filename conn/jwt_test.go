@@ -54,7 +54,6 @@ func (r *rawConn) authJWT(token string) {
 }
 
 func TestJWTAuthProvisions(t *testing.T) {
-	t.Parallel()
 	env := startJWTEnv(t, nil)
 	user, dev := name("ju"), name("jd")
 	exp := time.Now().Add(time.Hour)
@@ -111,7 +110,6 @@ func TestJWTAuthProvisions(t *testing.T) {
 }
 
 func TestJWTConcurrentFirstLogins(t *testing.T) {
-	t.Parallel()
 	env := startJWTEnv(t, nil)
 	exp := time.Now().Add(time.Hour)
 	// 40 connections of one new device at once, and 10 new devices of each
@@ -205,7 +203,6 @@ func jwtRefused(t *testing.T, env *parleytest.Env, token string, code wire.Code)
 }
 
 func TestJWTBadTokens(t *testing.T) {
-	t.Parallel()
 	env := startJWTEnv(t, nil)
 	exp := time.Now().Add(time.Hour)
 	owner := newUser(t, env, "owner") // a device made by the admin API
@@ -247,7 +244,6 @@ func TestJWTBadTokens(t *testing.T) {
 }
 
 func TestJWTOffOrNoProvision(t *testing.T) {
-	t.Parallel()
 	// No JWT key configured: a JWT is refused.
 	plain := startEnv(t, nil)
 	r := dialRaw(t, plain)
@@ -264,7 +260,6 @@ func TestJWTOffOrNoProvision(t *testing.T) {
 }
 
 func TestJWTRefreshAndExpiry(t *testing.T) {
-	t.Parallel()
 	env := startJWTEnv(t, nil)
 	user, dev := name("ru"), name("rd")
 	// Whole seconds (exp is in seconds): the session ends 2 to 3 s from now.
@@ -320,7 +315,6 @@ func TestJWTRefreshAndExpiry(t *testing.T) {
 // TestClientRefreshes: the client library refreshes a JWT session before
 // it expires, so the connection lives past the first token's exp.
 func TestClientRefreshes(t *testing.T) {
-	t.Parallel()
 	env := startJWTEnv(t, nil)
 	user, dev := name("cr"), name("crd")
 	var mu sync.Mutex

@@ -14,7 +14,6 @@ import (
 // (the auth read the row after it, and a later change would be a new
 // notice); an unsuspension cancels the suspension's notice.
 func TestNoticesApplyToAuthsInFlight(t *testing.T) {
-	t.Parallel()
 	var n notices
 	t0 := time.Now()
 	n.add(fanout.Lifecycle{Device: "d1", User: "u1", Reason: wire.KickRevoked}, t0)

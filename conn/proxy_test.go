@@ -122,7 +122,6 @@ func proxyMetric(env *parleytest.Env, result string) float64 {
 }
 
 func TestProxyProtocol(t *testing.T) {
-	t.Parallel()
 	env, logs := startLogged(t, func(c *config.Config) {
 		c.ProxyProtocol = "on"
 		c.ProxyTrusted = "127.0.0.1/32"
@@ -274,7 +273,6 @@ func TestProxyProtocol(t *testing.T) {
 // With proxy_protocol off (the default), a PROXY header is just bytes
 // that are not a frame: the framing rules apply.
 func TestProxyProtocolOff(t *testing.T) {
-	t.Parallel()
 	env := startEnv(t, nil)
 	r := dialRaw(t, env)
 	r.write([]byte("PROXY TCP4 198.51.100.7 127.0.0.1 1 2\r\n"))

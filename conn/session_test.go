@@ -19,7 +19,6 @@ import (
 )
 
 func TestSession(t *testing.T) {
-	t.Parallel()
 	// Short enough to wait for, long enough that a stalled host (the
 	// race detector beside the other packages' tests) does not run a
 	// fresh connection into them before its first frame is read.
@@ -481,7 +480,6 @@ func (r *rawConn) nextWithin(d time.Duration) (m wire.Message, closed bool) {
 // already authenticated are not affected, and a device that comes back
 // after its retry_after_ms is served.
 func TestAuthRateLimit(t *testing.T) {
-	t.Parallel()
 	env := startEnv(t, func(c *config.Config) { c.AuthRate, c.AuthBurst = 2, 2 })
 	devs := make([]parleytest.Device, 6)
 	for i := range devs {
@@ -539,7 +537,6 @@ func TestAuthRateLimit(t *testing.T) {
 // is the client's snapshot's business (docs/protocol.md §2 and "After
 // every (re)connect").
 func TestNoPushBeforeAuthOK(t *testing.T) {
-	t.Parallel()
 	env := startEnv(t, nil)
 	sender, receiver := newUser(t, env, "snd"), newUser(t, env, "rcv")
 	conv := name("c-reconnect")

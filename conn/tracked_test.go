@@ -15,7 +15,6 @@ import (
 // Run under -race: a sync.WaitGroup here (Add from zero unordered with
 // Wait) is a data race.
 func TestTrackedGoroutines(t *testing.T) {
-	t.Parallel()
 	g := &Gateway{}
 	release := make(chan struct{})
 	started := make(chan struct{})

@@ -262,7 +262,6 @@ func startWS(t *testing.T, mod func(*config.Config)) *parleytest.Env {
 }
 
 func TestWebSocketHandshake(t *testing.T) {
-	t.Parallel()
 	env := startWS(t, nil)
 	const hs = "parley_gateway_ws_handshakes_total"
 
@@ -372,7 +371,6 @@ func TestWebSocketHandshake(t *testing.T) {
 }
 
 func TestWebSocketMessages(t *testing.T) {
-	t.Parallel()
 	env := startWS(t, nil)
 	maxFrame := env.Cfg.MaxFrame
 	const werrs = "parley_gateway_ws_errors_total"
@@ -631,7 +629,6 @@ func TestWebSocketMessages(t *testing.T) {
 // and WebSocket clients alike; at shutdown a WebSocket client gets kick
 // "shutdown" and close 1001.
 func TestWebSocketNoLeaksAndShutdown(t *testing.T) {
-	t.Parallel()
 	env := startWS(t, nil)
 	var open []*wsRaw
 	for range 5 {
