@@ -15,7 +15,6 @@ import (
 // checks that nothing confirmed was lost or duplicated and that the JSON
 // report has every key the issue asks for.
 func TestDirect(t *testing.T) {
-	t.Parallel()
 	cfg := parleytest.Config(t)
 	cfg.SendRate = 0 // no per-device rate limit
 	env := parleytest.Start(t, cfg)
@@ -38,7 +37,6 @@ func TestDirect(t *testing.T) {
 // the server's redelivery scan (after 200 ms here) sends a hint, and the
 // tool must sync as a client does, so nothing counts as lost.
 func TestDirectHints(t *testing.T) {
-	t.Parallel()
 	cfg := parleytest.Config(t)
 	cfg.SendRate = 0
 	cfg.RedeliveryDelay = 200 * time.Millisecond
@@ -122,7 +120,6 @@ func runDirectTest(t *testing.T, env *parleytest.Env, mode ClientMode, dropEvery
 }
 
 func TestTracker(t *testing.T) {
-	t.Parallel()
 	tr := NewTracker()
 	c := tr.Track("c1", 1, "a", "b")
 	a, b := c.member("a"), c.member("b")
@@ -167,7 +164,6 @@ func TestTracker(t *testing.T) {
 // Non-msg events a device holds (an update, a leave) move its cursor
 // like its messages, and are neither owed nor lost nor deliveries.
 func TestTrackerHeld(t *testing.T) {
-	t.Parallel()
 	tr := NewTracker()
 	c := tr.Track("c1", 1, "a", "b")
 	a, b := c.member("a"), c.member("b")
@@ -195,7 +191,6 @@ func TestTrackerHeld(t *testing.T) {
 }
 
 func TestValidate(t *testing.T) {
-	t.Parallel()
 	base := Config{Scenario: "direct", Addr: "127.0.0.1:7070", AdminURL: "http://127.0.0.1:8081", Rate: 100}
 	ok := base
 	if err := ok.Validate(); err != nil {

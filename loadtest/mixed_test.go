@@ -16,7 +16,6 @@ import (
 // confirmed send must reach every other member device, the sender's own
 // other device included; every read must get its read_ok.
 func TestMixed(t *testing.T) {
-	t.Parallel()
 	cfg := parleytest.Config(t)
 	cfg.SendRate = 0
 	env := parleytest.Start(t, cfg)
@@ -113,7 +112,6 @@ func checkMixed(t *testing.T, rep *Report) {
 }
 
 func TestDevicesPerUser(t *testing.T) {
-	t.Parallel()
 	for _, tc := range []struct {
 		users int
 		d     float64
@@ -134,7 +132,6 @@ func TestDevicesPerUser(t *testing.T) {
 }
 
 func TestDirectPairs(t *testing.T) {
-	t.Parallel()
 	for _, tc := range []struct{ users, k int }{{60, 3}, {3, 2}, {2, 1}, {1000, 4}, {10, 9}} {
 		pairs := directPairs(tc.users, tc.k, rand.New(rand.NewPCG(1, 2)))
 		count := make([]int, tc.users)
@@ -157,7 +154,6 @@ func TestDirectPairs(t *testing.T) {
 }
 
 func TestGroupMembers(t *testing.T) {
-	t.Parallel()
 	groups := groupMembers(20, 30, 20, rand.New(rand.NewPCG(1, 2)))
 	for _, g := range groups {
 		seen := map[int32]bool{}
@@ -174,7 +170,6 @@ func TestGroupMembers(t *testing.T) {
 }
 
 func TestValidateMixed(t *testing.T) {
-	t.Parallel()
 	base := Config{Scenario: "mixed", Addr: "127.0.0.1:7070", AdminURL: "http://127.0.0.1:8081", Rate: 100}
 	ok := base
 	if err := ok.Validate(); err != nil {

@@ -18,7 +18,6 @@ import (
 // latency over the window and per second of the timeline, and the WAL
 // written per confirmed send; the text and JSON reports carry them.
 func TestProbes(t *testing.T) {
-	t.Parallel()
 	cfg := parleytest.Config(t)
 	cfg.SendRate = 0
 	env := parleytest.Start(t, cfg)
@@ -89,7 +88,6 @@ func TestProbes(t *testing.T) {
 
 // TestMixedWarmup: mixed with a warm-up reports the window alone.
 func TestMixedWarmup(t *testing.T) {
-	t.Parallel()
 	cfg := parleytest.Config(t)
 	cfg.SendRate = 0
 	env := parleytest.Start(t, cfg)

@@ -107,7 +107,6 @@ func checkHTML(t *testing.T, rep *Report) {
 // TestGroup runs scenario group: 10 groups of 6, every send owed 5
 // pushes.
 func TestGroup(t *testing.T) {
-	t.Parallel()
 	cfg := parleytest.Config(t)
 	cfg.SendRate = 0
 	env := parleytest.Start(t, cfg)
@@ -121,7 +120,6 @@ func TestGroup(t *testing.T) {
 // TestLarge runs scenario large: one group of 600 members provisioned in
 // one bulk call, 120 online, 4 sending; every send owed 119 pushes.
 func TestLarge(t *testing.T) {
-	t.Parallel()
 	cfg := parleytest.Config(t)
 	cfg.SendRate = 0
 	env := parleytest.Start(t, cfg)
@@ -143,7 +141,6 @@ func TestLarge(t *testing.T) {
 // events, and the group ends with the removed users gone and the
 // moderator its owner.
 func TestLargeModerated(t *testing.T) {
-	t.Parallel()
 	cfg := parleytest.Config(t)
 	cfg.SendRate = 0
 	env := parleytest.Start(t, cfg)
@@ -204,7 +201,6 @@ func TestLargeModerated(t *testing.T) {
 // TestIdle holds 300 bare connections with fast pings and reads the
 // server's RSS from its metrics listener.
 func TestIdle(t *testing.T) {
-	t.Parallel()
 	cfg := parleytest.Config(t)
 	cfg.MetricsListen = "127.0.0.1:0"
 	env := parleytest.Start(t, cfg)
@@ -237,7 +233,6 @@ func TestIdle(t *testing.T) {
 // TestIdleServerPID reads the RSS from /proc (the in-process server is
 // this process) and refuses a run with no way to read it.
 func TestIdleServerPID(t *testing.T) {
-	t.Parallel()
 	env := parleytest.Start(t, parleytest.Config(t))
 	rep := runScenario(t, env, Config{Scenario: "idle", Conns: 50, Duration: 500 * time.Millisecond, PingInterval: 200 * time.Millisecond, ServerPID: os.Getpid()})
 	if rep.Idle.Connected != 50 || rep.Idle.ServerRSSAfter <= 0 || !strings.HasPrefix(rep.Idle.RSSSource, "/proc/") {
@@ -258,7 +253,6 @@ func TestIdleServerPID(t *testing.T) {
 // burst of 500, a host slow enough made the reconnect itself slower than
 // the limit, and it met none.)
 func TestStorm(t *testing.T) {
-	t.Parallel()
 	cfg := parleytest.Config(t)
 	cfg.SendRate, cfg.SendBurst = 2, 1
 	cfg.AuthRate, cfg.AuthBurst = 500, 100
@@ -287,7 +281,6 @@ func TestStorm(t *testing.T) {
 // created by their first logins, and the storm is every user's first
 // login from a new device, each created by the server on the way.
 func TestStormJWT(t *testing.T) {
-	t.Parallel()
 	const secret = "storm-jwt-test-secret-0123456789"
 	cfg := parleytest.Config(t)
 	cfg.JWTHMACSecret = secret
@@ -308,7 +301,6 @@ func TestStormJWT(t *testing.T) {
 }
 
 func TestStormConvs(t *testing.T) {
-	t.Parallel()
 	for _, tc := range []struct{ n, size, rounds int }{{10, 5, 3}, {11, 5, 2}, {2000, 5, 3}, {7, 3, 1}} {
 		groups := stormConvs(tc.n, tc.size, tc.rounds)
 		count := make([]int, tc.n)
@@ -329,7 +321,6 @@ func TestStormConvs(t *testing.T) {
 }
 
 func TestCurveAndChart(t *testing.T) {
-	t.Parallel()
 	h := NewHist()
 	for i := 1; i <= 10000; i++ {
 		h.Record(0, int64(i)*int64(time.Microsecond))
@@ -366,7 +357,6 @@ func TestCurveAndChart(t *testing.T) {
 // nothing changes. The 100 sends go one to each group, so none
 // collapse.
 func TestNotify(t *testing.T) {
-	t.Parallel()
 	cfg := parleytest.Config(t)
 	sink := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	cfg.NotifyWebhookURL, cfg.NotifyWebhookSecret = "http://"+sink+"/hook", "sek"
@@ -453,7 +443,6 @@ func waitCommitted(ctx context.Context, postgresURL string, owed []ackOwed, with
 // (registered, never connected) is notified, the connected devices (which
 // ack in time) are not, and the sends are all confirmed and delivered.
 func TestDirectPhones(t *testing.T) {
-	t.Parallel()
 	cfg := parleytest.Config(t)
 	sink := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	cfg.NotifyWebhookURL, cfg.NotifyWebhookSecret = "http://"+sink+"/hook", "sek"
@@ -481,7 +470,6 @@ func TestDirectPhones(t *testing.T) {
 // reaches the group's 3 other devices (a few may cross the window's
 // edges, held up to relay_coalesce by the server).
 func TestTyping(t *testing.T) {
-	t.Parallel()
 	env := parleytest.Start(t, parleytest.Config(t))
 	rep := runScenario(t, env, Config{Scenario: "typing", Rate: 60, Duration: 2 * time.Second, Warmup: time.Second,
 		Devices: 40, Groups: 40, Size: 4})

@@ -10,7 +10,6 @@ import (
 // TestWebSocketTransport runs direct, group and idle over WebSocket
 // (-transport ws) with the same exact checks as over TCP.
 func TestWebSocketTransport(t *testing.T) {
-	t.Parallel()
 	cfg := parleytest.Config(t)
 	cfg.SendRate = 0
 	cfg.WSListen = "auto"
