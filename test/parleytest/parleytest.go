@@ -22,6 +22,7 @@ import (
 
 	"github.com/parley-im/parley/config"
 	"github.com/parley-im/parley/server"
+	"github.com/parley-im/parley/store"
 	"github.com/parley-im/parley/test/testenv"
 )
 
@@ -45,13 +46,29 @@ type Env struct {
 func Config(t testing.TB) config.Config {
 	t.Helper()
 	cfg := config.Default()
-	cfg.PostgresURL = testenv.PostgresURL(t)
+	cfg.PostgresURL = testenv.PostgresURLFrom(t, schemaTemplate(t))
 	cfg.RedisURL, cfg.RedisPrefix = testenv.Redis(t)
 	cfg.RedisCluster = testenv.RedisClusterSeeds(t, cfg.RedisPrefix)
 	cfg.AdminToken = AdminToken
 	cfg.MetricsListen = ""
 	cfg.PostgresMaxConns = 8
 	return cfg
+}
+
+// schemaTemplate is a database with the schema applied, made once per
+// test binary: each test's database is a copy of it, so the migrations
+// run once instead of at every server's start (where they then find
+// nothing to do).
+func schemaTemplate(t testing.TB) string {
+	t.Helper()
+	return testenv.PostgresTemplate(t, "parley-schema", func(ctx context.Context, url string) error {
+		st, err := store.Open(ctx, url, 1)
+		if err != nil {
+			return err
+		}
+		defer st.Close()
+		return st.Migrate(ctx)
+	})
 }
 
 // RedisClient returns a client of the Redis that a server with cfg uses

@@ -66,6 +66,80 @@ const (
 // The database is empty: each test applies its own schema.
 func PostgresURL(t testing.TB) string {
 	t.Helper()
+	return newDatabase(t, "")
+}
+
+// PostgresURLFrom is PostgresURL with the new database a copy of the
+// database template (CREATE DATABASE … TEMPLATE, a copy of its files),
+// such as one that PostgresTemplate made: a schema applied once per test
+// binary instead of once per test. Nothing may stay connected to
+// template.
+func PostgresURLFrom(t testing.TB, template string) string {
+	t.Helper()
+	return newDatabase(t, template)
+}
+
+// templates: the databases PostgresTemplate made in this process, by key.
+var (
+	templatesMu sync.Mutex
+	templates   = map[string]*template{}
+)
+
+type template struct {
+	once sync.Once
+	name string
+	err  error
+}
+
+// PostgresTemplate returns the name of a database made once per process
+// for key: created like PostgresURL's and prepared by prepare (given its
+// URL), which must close every connection it opened. It is not dropped
+// at a test's end, since later tests copy it; sweepStale of a later run
+// drops it, as it does a killed test binary's databases.
+func PostgresTemplate(t testing.TB, key string, prepare func(ctx context.Context, url string) error) string {
+	t.Helper()
+	templatesMu.Lock()
+	tpl := templates[key]
+	if tpl == nil {
+		tpl = &template{}
+		templates[key] = tpl
+	}
+	templatesMu.Unlock()
+	tpl.once.Do(func() {
+		base := envOr(EnvPostgresURL, DefaultPostgresURL)
+		ctx, cancel := context.WithTimeout(context.Background(), 2*setupTimeout)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, base)
+		if err != nil {
+			tpl.err = fmt.Errorf("cannot connect to the test PostgreSQL at %s (%s): %w", redactURL(base), EnvPostgresURL, err)
+			return
+		}
+		defer conn.Close(context.Background())
+		name := fmt.Sprintf("%s%x_%s", dbPrefix, time.Now().Unix(), randomHex(6))
+		if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+			tpl.err = fmt.Errorf("CREATE DATABASE %s: %w", name, err)
+			return
+		}
+		u, err := withDatabase(base, name)
+		if err == nil {
+			err = prepare(ctx, u)
+		}
+		if err != nil {
+			tpl.err = fmt.Errorf("preparing template database %s (%s): %w", name, key, err)
+			return
+		}
+		tpl.name = name
+	})
+	if tpl.err != nil {
+		t.Fatalf("testenv: %v", tpl.err)
+	}
+	return tpl.name
+}
+
+// newDatabase is PostgresURL, the new database a copy of template if
+// that is not "".
+func newDatabase(t testing.TB, template string) string {
+	t.Helper()
 	base := envOr(EnvPostgresURL, DefaultPostgresURL)
 	ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
 	defer cancel()
@@ -82,8 +156,12 @@ func PostgresURL(t testing.TB) string {
 
 	// The creation time in the name lets a later run drop leftovers.
 	name := fmt.Sprintf("%s%x_%s", dbPrefix, time.Now().Unix(), randomHex(6))
-	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
-		t.Fatalf("testenv: CREATE DATABASE %s on %s: %v (the role needs CREATEDB)", name, redactURL(base), err)
+	create := "CREATE DATABASE " + pgx.Identifier{name}.Sanitize()
+	if template != "" {
+		create += " TEMPLATE " + pgx.Identifier{template}.Sanitize()
+	}
+	if _, err := conn.Exec(ctx, create); err != nil {
+		t.Fatalf("testenv: %s on %s: %v (the role needs CREATEDB)", create, redactURL(base), err)
 	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
