@@ -323,41 +323,41 @@ func (f *Fanout) work(queue chan []eventlog.Committed) {
 func (f *Fanout) deliver(ctx context.Context, evs []eventlog.Committed) error {
 	// Usually every event is of one tier: then evs is passed on as it is,
 	// not copied.
-	nSmall := 0
+	nPush := 0
 	for _, e := range evs {
 		if TierOf(e.Members, f.writeMax, f.onlineMax) == TierPush {
-			nSmall++
+			nPush++
 		}
 	}
-	var small, big []eventlog.Committed
-	switch nSmall {
+	var push, indexed []eventlog.Committed
+	switch nPush {
 	case len(evs):
-		small = evs
+		push = evs
 	case 0:
-		big = evs
+		indexed = evs
 	default:
-		small, big = make([]eventlog.Committed, 0, nSmall), make([]eventlog.Committed, 0, len(evs)-nSmall)
+		push, indexed = make([]eventlog.Committed, 0, nPush), make([]eventlog.Committed, 0, len(evs)-nPush)
 		for _, e := range evs {
 			if TierOf(e.Members, f.writeMax, f.onlineMax) == TierPush {
-				small = append(small, e)
+				push = append(push, e)
 			} else {
-				big = append(big, e)
+				indexed = append(indexed, e)
 			}
 		}
 	}
 	var errs []error
-	if len(small) > 0 {
-		errs = append(errs, f.deliverSmall(ctx, small))
+	if len(push) > 0 {
+		errs = append(errs, f.deliverPushTier(ctx, push))
 	}
-	if len(big) > 0 {
-		errs = append(errs, f.deliverBig(ctx, big))
+	if len(indexed) > 0 {
+		errs = append(errs, f.deliverByOnlineIndex(ctx, indexed))
 	}
 	return errors.Join(errs...)
 }
 
-// deliverSmall fans push-tier events out by their recipients: every
+// deliverPushTier fans push-tier events out by their recipients: every
 // recipient's devices get the push and every recipient's row is written.
-func (f *Fanout) deliverSmall(ctx context.Context, evs []eventlog.Committed) error {
+func (f *Fanout) deliverPushTier(ctx context.Context, evs []eventlog.Committed) error {
 	// Recipients: read by the commit for messages to small conversations;
 	// one store query for the rest.
 	recipients := make([][]string, len(evs))
@@ -513,7 +513,7 @@ const rowsTimeout = time.Second
 // their recipients, read by the commit; other events' are read here (and
 // kept on the events for delivery). Writes that fail are queued to the
 // durable stream; an event whose recipients cannot be read has its rows
-// queued by delivery (deliverSmall).
+// queued by delivery (deliverPushTier).
 func (f *Fanout) writeRows(evs []eventlog.Committed) {
 	if f.rows == nil {
 		return

@@ -10,7 +10,7 @@ import (
 	"github.com/parley-im/parley/store"
 )
 
-// deliverBig fans out events of conversations in the online and pull
+// deliverByOnlineIndex fans out events of conversations in the online and pull
 // tiers (write_fanout_max members or more) from each conversation's
 // online index (package route) instead of its member list: the cost of a
 // message is the number of online devices, not of members.
@@ -26,7 +26,7 @@ import (
 // builds the whole index when the join moved the group out of the push
 // tier); a leave's entries were removed before the leave committed
 // (BeforeLeave), so no later event reaches the leaver.
-func (f *Fanout) deliverBig(ctx context.Context, evs []eventlog.Committed) error {
+func (f *Fanout) deliverByOnlineIndex(ctx context.Context, evs []eventlog.Committed) error {
 	byConv := map[string][]eventlog.Committed{}
 	var order []string
 	for _, e := range evs {
