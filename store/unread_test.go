@@ -136,18 +136,30 @@ func TestUnreadBucketsMatchDefinition(t *testing.T) {
 				reads = append(reads, rng.Int63n(head+1))
 			}
 		}
+		// One round trip for all the pairs: the queries are the same
+		// either way, and waiting on each in turn is what made this test
+		// slow.
+		type pair struct {
+			u         string
+			r         int64
+			got, want int64
+		}
+		var pairs []*pair
+		b := &pgx.Batch{}
 		for _, u := range users {
 			for _, r := range reads {
-				var got, want int64
-				if err := pg.QueryRow(ctx, `SELECT parley_unread($1, $2, $3)`, conv, u, r).Scan(&got); err != nil {
-					t.Fatal(err)
-				}
-				if err := pg.QueryRow(ctx, parleytest.UnreadDefinitionSQL, u, conv, r).Scan(&want); err != nil {
-					t.Fatal(err)
-				}
-				if got != want {
-					fail("unread of %s above %d: %d, the definition says %d (head %d, dense_seq %d)", u, r, got, want, head, dense)
-				}
+				p := &pair{u: u, r: r}
+				pairs = append(pairs, p)
+				b.Queue(`SELECT parley_unread($1, $2, $3)`, conv, u, r).QueryRow(func(row pgx.Row) error { return row.Scan(&p.got) })
+				b.Queue(parleytest.UnreadDefinitionSQL, u, conv, r).QueryRow(func(row pgx.Row) error { return row.Scan(&p.want) })
+			}
+		}
+		if err := pg.SendBatch(ctx, b).Close(); err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range pairs {
+			if p.got != p.want {
+				fail("unread of %s above %d: %d, the definition says %d (head %d, dense_seq %d)", p.u, p.r, p.got, p.want, head, dense)
 			}
 		}
 	}

@@ -2,6 +2,8 @@ package parleytest
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"net/http"
 	"os"
@@ -26,34 +28,51 @@ var (
 
 // Binary builds cmd/parleyd once per test binary, with -race when the
 // test binary has it, and returns its path.
+//
+// Every test binary of one checkout builds to the same path, under a lock:
+// go build leaves a binary that is up to date alone, so the first package
+// links parleyd and the others (go test runs several at once) reuse it
+// instead of each linking its own copy.
 func Binary(t testing.TB) string {
 	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "parleyd-bin")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binPath = filepath.Join(dir, "parleyd")
-		root, err := moduleRoot()
-		if err != nil {
-			buildErr = err
-			return
-		}
-		args := []string{"build", "-o", binPath}
-		if raceBuild {
-			args = append(args, "-race")
-		}
-		cmd := exec.Command("go", append(args, "./cmd/parleyd")...)
-		cmd.Dir = root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
+	buildOnce.Do(func() { binPath, buildErr = build() })
 	if buildErr != nil {
 		t.Fatal(buildErr)
 	}
 	return binPath
+}
+
+func build() (string, error) {
+	root, err := moduleRoot()
+	if err != nil {
+		return "", err
+	}
+	name := "parleyd"
+	args := []string{"build"}
+	if raceBuild {
+		name, args = "parleyd-race", append(args, "-race")
+	}
+	sum := sha256.Sum256([]byte(root))
+	dir := filepath.Join(os.TempDir(), "parley-test-bin-"+hex.EncodeToString(sum[:6]))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	lock, err := os.OpenFile(filepath.Join(dir, name+".lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return "", err
+	}
+	defer lock.Close()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		return "", fmt.Errorf("lock %s: %w", lock.Name(), err)
+	}
+	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
+	path := filepath.Join(dir, name)
+	cmd := exec.Command("go", append(args, "-o", path, "./cmd/parleyd")...)
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build: %v\n%s", err, out)
+	}
+	return path, nil
 }
 
 func moduleRoot() (string, error) {
