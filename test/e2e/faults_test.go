@@ -1,6 +1,6 @@
 //go:build linux
 
-package server_test
+package e2e_test
 
 // Fault experiments: a steady load of group messages while a backend or a
 // gateway fails, each ending with the count of confirmed messages lost,

@@ -1,4 +1,4 @@
-package server_test
+package e2e_test
 
 // Device lifecycle (docs/protocol.md §7, "Device lifecycle") across two
 // gateways sharing PostgreSQL and Redis: a change made through one

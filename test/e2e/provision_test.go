@@ -1,4 +1,4 @@
-package server_test
+package e2e_test
 
 import (
 	"fmt"

@@ -1,4 +1,4 @@
-package server_test
+package e2e_test
 
 // Read state across several devices of one user: delivery cursors per
 // device, one read position per user, unread derived from it, reinstalls
