@@ -20,9 +20,9 @@ import (
 	"time"
 
 	"github.com/parley-im/parley/cursor"
+	"github.com/parley-im/parley/errcode"
 	"github.com/parley-im/parley/eventlog"
 	"github.com/parley-im/parley/fanout"
-	"github.com/parley-im/parley/internal/backend"
 	"github.com/parley-im/parley/store"
 	"github.com/parley-im/parley/wire"
 )
@@ -433,23 +433,21 @@ func (a *API) setRole(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]int64{"seq": res.Seq})
 }
 
-// fail answers a failed request: the client's own mistakes with their
-// 4xx code; a backend that is down 503 UNAVAILABLE; anything else is a
-// bug: 500 INTERNAL, logged with the request.
+// fail answers a failed request with the code and status of the table
+// shared with the wire requests (package errcode): the client's own
+// mistakes with their 4xx code; a backend that is down 503 UNAVAILABLE;
+// anything else is a bug: 500 INTERNAL, logged with the request.
 func (a *API) fail(w http.ResponseWriter, r *http.Request, err error) {
-	switch {
-	case errors.Is(err, store.ErrExists):
-		writeError(w, http.StatusConflict, wire.Exists, err.Error())
-	case errors.Is(err, store.ErrNotFound), errors.Is(err, store.ErrUnknownUser), errors.Is(err, store.ErrNotMember):
-		writeError(w, http.StatusNotFound, wire.NotFound, err.Error())
-	case errors.Is(err, store.ErrForbidden):
-		writeError(w, http.StatusForbidden, wire.Forbidden, err.Error())
-	case backend.IsUnavailable(err):
+	code, status, class := errcode.Admin(err)
+	switch class {
+	case errcode.Outage:
 		a.logger.Warn("admin request failed: backend unavailable", "method", r.Method, "path", r.URL.Path, "err", err)
-		writeError(w, http.StatusServiceUnavailable, wire.Unavailable, "a backend is unavailable; retry later")
-	default:
+		writeError(w, status, code, "a backend is unavailable; retry later")
+	case errcode.Bug:
 		a.logger.Error("admin request failed: internal error", "method", r.Method, "path", r.URL.Path, "err", err)
-		writeError(w, http.StatusInternalServerError, wire.Internal, "internal error")
+		writeError(w, status, code, "internal error")
+	default:
+		writeError(w, status, code, err.Error())
 	}
 }
 
