@@ -114,7 +114,9 @@ type Config struct {
 	// Origin is refused with 403. Empty: any. A handshake without Origin
 	// (not from a browser) is always accepted.
 	WSOrigins string `yaml:"ws_origins" default:""`
-	// RequestTimeout bounds the work of one request against the stores.
+	// RequestTimeout bounds the work of one request against the stores,
+	// including the group commit it shares with other requests, and of
+	// each batch of background work (fan-out, notification queueing).
 	RequestTimeout time.Duration `yaml:"request_timeout" default:"10s"`
 
 	// WriteFanoutMax: groups with fewer members use write fan-out ("push").

@@ -4,7 +4,7 @@ import (
 	"context"
 
 	"github.com/parley-im/parley/fanout"
-	"github.com/parley-im/parley/internal/combine"
+	"github.com/parley-im/parley/internal/batch"
 	"github.com/parley-im/parley/route"
 	"github.com/parley-im/parley/store"
 )
@@ -41,7 +41,7 @@ type deviceLookup struct {
 }
 
 func (g *Gateway) initCombiners() {
-	g.snapshots = combine.Combiner[store.SnapshotQuery, []store.SnapshotItem]{
+	g.snapshots = batch.Combiner[store.SnapshotQuery, []store.SnapshotItem]{
 		Workers: combineWorkers, Max: snapshotBatchItems, Timeout: g.cfg.RequestTimeout, Log: g.log, Go: g.goroutine,
 		Weight: func(q store.SnapshotQuery) int { return len(q.Convs) },
 		Run: func(ctx context.Context, qs []store.SnapshotQuery) ([][]store.SnapshotItem, error) {
@@ -49,26 +49,12 @@ func (g *Gateway) initCombiners() {
 		},
 		Sizes: g.metrics.combined.WithLabelValues("snapshot"),
 	}
-	g.lookups = combine.Combiner[string, deviceLookup]{
+	g.lookups = batch.Combiner[string, deviceLookup]{
 		Workers: combineWorkers, Max: authBatch, Timeout: g.cfg.RequestTimeout, Log: g.log, Go: g.goroutine,
-		Run: func(ctx context.Context, ids []string) ([]deviceLookup, error) {
-			devs, err := g.deps.Store.DevicesByID(ctx, ids)
-			if err != nil {
-				return nil, err
-			}
-			byID := make(map[string]store.Device, len(devs))
-			for _, d := range devs {
-				byID[d.ID] = d
-			}
-			out := make([]deviceLookup, len(ids))
-			for i, id := range ids {
-				out[i].dev, out[i].found = byID[id]
-			}
-			return out, nil
-		},
+		Run:   g.lookupDevices,
 		Sizes: g.metrics.combined.WithLabelValues("auth"),
 	}
-	g.provisions = combine.Combiner[store.NewLogin, deviceLookup]{
+	g.provisions = batch.Combiner[store.NewLogin, deviceLookup]{
 		Workers: provisionWorkers, Max: authBatch, Timeout: g.cfg.RequestTimeout, Log: g.log, Go: g.goroutine,
 		Run: func(ctx context.Context, ls []store.NewLogin) ([]deviceLookup, error) {
 			if err := g.deps.Store.ProvisionDevices(ctx, ls); err != nil {
@@ -78,23 +64,11 @@ func (g *Gateway) initCombiners() {
 			for i, l := range ls {
 				ids[i] = l.Device
 			}
-			devs, err := g.deps.Store.DevicesByID(ctx, ids)
-			if err != nil {
-				return nil, err
-			}
-			byID := make(map[string]store.Device, len(devs))
-			for _, d := range devs {
-				byID[d.ID] = d
-			}
-			out := make([]deviceLookup, len(ls))
-			for i, l := range ls {
-				out[i].dev, out[i].found = byID[l.Device]
-			}
-			return out, nil
+			return g.lookupDevices(ctx, ids)
 		},
 		Sizes: g.metrics.combined.WithLabelValues("provision"),
 	}
-	g.members.loads = combine.Combiner[string, []string]{
+	g.members.loads = batch.Combiner[string, []string]{
 		Workers: combineWorkers, Max: memberLoadMax, Timeout: g.cfg.RequestTimeout, Log: g.log, Go: g.goroutine,
 		Run: func(ctx context.Context, convs []string) ([][]string, error) {
 			return g.members.read(ctx, g.deps.Store, convs)
@@ -105,7 +79,7 @@ func (g *Gateway) initCombiners() {
 	// a statement and a pipeline per batch, not per device (in a
 	// reconnect storm, a query each queued behind the snapshot batches
 	// for the pool's connections, and auths waited seconds).
-	g.onlines = combine.Combiner[fanout.OnlineDevice, struct{}]{
+	g.onlines = batch.Combiner[fanout.OnlineDevice, struct{}]{
 		Workers: combineWorkers, Max: authBatch, Timeout: g.cfg.RequestTimeout, Log: g.log, Go: g.goroutine,
 		Run: func(ctx context.Context, devs []fanout.OnlineDevice) ([]struct{}, error) {
 			return make([]struct{}, len(devs)), g.deps.Online(ctx, devs)
@@ -118,7 +92,7 @@ func (g *Gateway) initCombiners() {
 	// that typing and receipts relayed anywhere reach the new
 	// connections from their auth_ok on; a lost announcement costs only
 	// that, so it fails no auth.
-	g.registers = combine.Combiner[route.Registration, route.Registered]{
+	g.registers = batch.Combiner[route.Registration, route.Registered]{
 		Workers: combineWorkers, Max: authBatch, Timeout: g.cfg.RequestTimeout, Log: g.log, Go: g.goroutine,
 		Run: func(ctx context.Context, rs []route.Registration) ([]route.Registered, error) {
 			out := g.deps.Routes.RegisterMany(ctx, rs)
@@ -141,11 +115,29 @@ func (g *Gateway) initCombiners() {
 	}
 	// Each closed connection leaves the route table and the online index:
 	// after a network blip or a gateway restart thousands close at once.
-	g.disconnects = combine.Combiner[route.Disconnected, struct{}]{
+	g.disconnects = batch.Combiner[route.Disconnected, struct{}]{
 		Workers: combineWorkers, Max: disconnectBatch, Timeout: g.cfg.RequestTimeout, Log: g.log, Go: g.goroutine,
 		Run: func(ctx context.Context, cs []route.Disconnected) ([]struct{}, error) {
 			return make([]struct{}, len(cs)), g.deps.Routes.Disconnect(ctx, cs)
 		},
 		Sizes: g.metrics.combined.WithLabelValues("disconnect"),
 	}
+}
+
+// lookupDevices reads the devices ids, in one statement: one answer per
+// id, in order.
+func (g *Gateway) lookupDevices(ctx context.Context, ids []string) ([]deviceLookup, error) {
+	devs, err := g.deps.Store.DevicesByID(ctx, ids)
+	if err != nil {
+		return nil, err
+	}
+	byID := make(map[string]store.Device, len(devs))
+	for _, d := range devs {
+		byID[d.ID] = d
+	}
+	out := make([]deviceLookup, len(ids))
+	for i, id := range ids {
+		out[i].dev, out[i].found = byID[id]
+	}
+	return out, nil
 }

@@ -31,7 +31,7 @@ import (
 	"github.com/parley-im/parley/cursor"
 	"github.com/parley-im/parley/eventlog"
 	"github.com/parley-im/parley/fanout"
-	"github.com/parley-im/parley/internal/combine"
+	"github.com/parley-im/parley/internal/batch"
 	"github.com/parley-im/parley/jwtauth"
 	"github.com/parley-im/parley/route"
 	"github.com/parley-im/parley/store"
@@ -53,22 +53,23 @@ type Deps struct {
 	// Online adds authenticated connections to the online index of their
 	// users' big conversations (nil: none is kept).
 	Online func(ctx context.Context, devs []fanout.OnlineDevice) error
-	// Notify sends a frame to the user's online devices but one.
-	Notify func(ctx context.Context, user, exceptDevice string, frame []byte) error
+	// ToUser relays a frame to the user's online devices but one
+	// (read_changed). Not to be confused with Notifications.
+	ToUser func(ctx context.Context, user, exceptDevice string, frame []byte) error
 	// Notifications are the offline notifications (nil: none configured;
 	// notify_register is refused).
 	Notifications Notifications
-	// NotifyMany sends a frame to every online device of users, best
+	// ToUsers relays a frame to every online device of users, best
 	// effort: it never waits (a frame it cannot queue is dropped). Typing
-	// and receipts go this way. Nil: through Notify, user by user.
-	NotifyMany func(users []string, frame []byte) error
+	// and receipts go this way. Nil: through ToUser, user by user.
+	ToUsers func(users []string, frame []byte) error
 	// RoutesChanged is told when a connection of user entered or left
-	// the route table through this gateway, so that routes NotifyMany
+	// the route table through this gateway, so that routes ToUsers
 	// reuses are looked up again (nil: none are reused, or nobody cares).
 	RoutesChanged func(user string)
 	// Announce tells every gateway that users' connections just entered
 	// the route table here, before their auth is answered, so that the
-	// routes other gateways reuse for NotifyMany are looked up again (nil:
+	// routes other gateways reuse for ToUsers are looked up again (nil:
 	// one gateway, or nobody cares).
 	Announce func(ctx context.Context, users []string) error
 	// Receipts coalesces receipt pushes over gateways (nil: no receipt
@@ -101,12 +102,12 @@ type Gateway struct {
 	addrs        *addrLimits // static: addr_max_conns, addr_auth_rate
 	notices      notices     // recent revocations and suspensions (lifecycle.go)
 	// Reads of many connections answered together (combine.go).
-	snapshots   combine.Combiner[store.SnapshotQuery, []store.SnapshotItem]
-	lookups     combine.Combiner[string, deviceLookup]                 // auth: device id -> row
-	provisions  combine.Combiner[store.NewLogin, deviceLookup]         // JWT auth: create the user and device if new
-	onlines     combine.Combiner[fanout.OnlineDevice, struct{}]        // auth: join the big conversations' online index
-	registers   combine.Combiner[route.Registration, route.Registered] // auth: enter the route table
-	disconnects combine.Combiner[route.Disconnected, struct{}]         // close: leave the route table and the online index
+	snapshots   batch.Combiner[store.SnapshotQuery, []store.SnapshotItem]
+	lookups     batch.Combiner[string, deviceLookup]                 // auth: device id -> row
+	provisions  batch.Combiner[store.NewLogin, deviceLookup]         // JWT auth: create the user and device if new
+	onlines     batch.Combiner[fanout.OnlineDevice, struct{}]        // auth: join the big conversations' online index
+	registers   batch.Combiner[route.Registration, route.Registered] // auth: enter the route table
+	disconnects batch.Combiner[route.Disconnected, struct{}]         // close: leave the route table and the online index
 
 	members         memberLists     // current members, for typing and receipts
 	receiptQueue    receiptQueue    // reads that moved, waiting to go through the gate together
@@ -391,7 +392,7 @@ func (g *Gateway) OnClose(c gnet.Conn, _ error) gnet.Action {
 	if s.authed.Load() {
 		g.goroutine(func() {
 			s.flushAcks(nil) // the acks it held still count
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), g.cfg.RequestTimeout)
 			defer cancel()
 			if _, err := g.disconnects.Do(ctx, route.Disconnected{User: s.user, Device: s.device, Token: s.token}); err != nil {
 				g.log.Debug("leaving the route table and the online index", "device", s.device, "err", err)

@@ -6,15 +6,16 @@ import (
 	"crypto/subtle"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/parley-im/parley/cursor"
+	"github.com/parley-im/parley/errcode"
 	"github.com/parley-im/parley/eventlog"
 	"github.com/parley-im/parley/fanout"
-	"github.com/parley-im/parley/internal/backend"
 	"github.com/parley-im/parley/route"
 	"github.com/parley-im/parley/store"
 	"github.com/parley-im/parley/wire"
@@ -116,44 +117,60 @@ func (g *Gateway) answer(s *Session, req *wire.Request, err error, ok any) {
 	s.reply(ok)
 }
 
-// wireError maps an error of req to its code (docs/protocol.md §6).
+// wireError answers an error of req: its code from the table shared with
+// the admin API (package errcode), with a message for the client.
 // UNAVAILABLE is only for a backend that is down or timed out; an error
 // nobody classified is a bug: INTERNAL, logged with the request.
 func (g *Gateway) wireError(s *Session, req *wire.Request, err error) *wire.Error {
 	if e, ok := wire.AsError(err); ok {
 		return e
 	}
+	code, class := errcode.Of(err)
+	switch class {
+	case errcode.Outage:
+		g.log.Warn("request failed: backend unavailable", "type", req.T, "rid", req.Rid, "conv", req.Conv, "device", s.device, "addr", s.addr, "err", err)
+		return wire.Errorf(code, "a backend is unavailable; retry later")
+	case errcode.Bug:
+		g.log.Error("request failed: internal error", "type", req.T, "rid", req.Rid, "conv", req.Conv, "device", s.device, "addr", s.addr, "err", err)
+		return wire.Errorf(code, "internal error")
+	}
+	return wire.Errorf(code, "%s", g.errorText(code, req, err))
+}
+
+// errorText is the message of a client's error.
+func (g *Gateway) errorText(code wire.Code, req *wire.Request, err error) string {
 	var forbidden *store.ForbiddenError
 	var notMember *store.NotMemberError
-	switch {
-	case errors.As(err, &forbidden):
-		return wire.Errorf(wire.Forbidden, "%s", forbidden.Reason)
-	case errors.As(err, &notMember): // a moderation request's target
-		return wire.Errorf(wire.NotMember, "not a member: %s", notMember.User)
-	case errors.Is(err, store.ErrNotMember), errors.Is(err, store.ErrNotFound):
-		return wire.Errorf(wire.NotMember, "not a member of this conversation")
-	case errors.Is(err, store.ErrUnknownUser):
-		return wire.Errorf(wire.NotFound, "%v", err)
-	case errors.Is(err, store.ErrExists):
-		return wire.Errorf(wire.Exists, "conversation id is taken")
-	case errors.Is(err, store.ErrStaleInstall):
-		return wire.Errorf(wire.StaleInstall, "this connection belongs to an older install of the device")
-	case errors.Is(err, store.ErrCursorAhead):
-		return wire.Errorf(wire.CursorAhead, "seq is above the conversation's head")
-	case errors.Is(err, store.ErrNoMessage):
-		return wire.Errorf(wire.NotFound, "no such message")
-	case errors.Is(err, store.ErrNotSender):
-		return wire.Errorf(wire.NotSender, "only the sender may %s a message", req.T)
-	case errors.Is(err, store.ErrRecallWindow):
-		return wire.Errorf(wire.RecallWindow, "the recall window (%s) has passed", g.cfg.RecallWindow)
-	case errors.Is(err, store.ErrEditWindow):
-		return wire.Errorf(wire.EditWindow, "the edit window (%s) has passed", g.cfg.EditWindow)
-	case backend.IsUnavailable(err):
-		g.log.Warn("request failed: backend unavailable", "type", req.T, "rid", req.Rid, "conv", req.Conv, "device", s.device, "addr", s.addr, "err", err)
-		return wire.Errorf(wire.Unavailable, "a backend is unavailable; retry later")
+	switch code {
+	case wire.Forbidden:
+		if errors.As(err, &forbidden) {
+			return forbidden.Reason
+		}
+		return "not allowed here"
+	case wire.NotMember:
+		if errors.As(err, &notMember) { // a moderation request's target
+			return "not a member: " + notMember.User
+		}
+		return "not a member of this conversation"
+	case wire.NotFound:
+		if errors.Is(err, store.ErrNoMessage) {
+			return "no such message"
+		}
+		return err.Error()
+	case wire.Exists:
+		return "conversation id is taken"
+	case wire.StaleInstall:
+		return "this connection belongs to an older install of the device"
+	case wire.CursorAhead:
+		return "seq is above the conversation's head"
+	case wire.NotSender:
+		return "only the sender may " + req.T + " a message"
+	case wire.RecallWindow:
+		return fmt.Sprintf("the recall window (%s) has passed", g.cfg.RecallWindow)
+	case wire.EditWindow:
+		return fmt.Sprintf("the edit window (%s) has passed", g.cfg.EditWindow)
 	}
-	g.log.Error("request failed: internal error", "type", req.T, "rid", req.Rid, "conv", req.Conv, "device", s.device, "addr", s.addr, "err", err)
-	return wire.Errorf(wire.Internal, "internal error")
+	return err.Error()
 }
 
 func (g *Gateway) auth(ctx context.Context, s *Session, req *wire.Request) {
@@ -408,7 +425,7 @@ func (g *Gateway) readAdvanced(s *Session, conv string, read, unread int64) {
 		defer ncancel()
 		frame, err := wire.AppendFrame(nil, wire.ReadChanged{T: wire.TReadChanged, Conv: conv, Read: read, Unread: unread})
 		if err == nil {
-			err = g.deps.Notify(nctx, s.user, s.device, frame)
+			err = g.deps.ToUser(nctx, s.user, s.device, frame)
 		}
 		if err != nil {
 			g.log.Debug("read_changed", "err", err)
@@ -422,14 +439,14 @@ func (g *Gateway) convs(ctx context.Context, s *Session, req *wire.Request) {
 		limit = 100
 	}
 	limit = min(limit, 1000)
-	var cur *store.ConvCursor
+	var from *store.ConvListPosition
 	if req.Cursor != "" {
-		c, ok := decodeConvCursor(req.Cursor)
+		c, ok := decodeConvsPosition(req.Cursor)
 		if !ok {
 			g.answer(s, req, wire.Errorf(wire.BadRequest, "cursor: not a cursor from a convs reply"), nil)
 			return
 		}
-		cur = &c
+		from = &c
 	}
 	order := store.ConvOrder{SmallBelow: int64(g.cfg.WriteFanoutMax)}
 	if g.deps.Rows != nil {
@@ -438,7 +455,7 @@ func (g *Gateway) convs(ctx context.Context, s *Session, req *wire.Request) {
 			order.Rows = rows
 		}
 	}
-	page, err := g.deps.Store.Conversations(ctx, s.user, s.device, limit, cur, order)
+	page, err := g.deps.Store.Conversations(ctx, s.user, s.device, limit, from, order)
 	if err != nil {
 		g.answer(s, req, err, nil)
 		return
@@ -460,26 +477,26 @@ func (g *Gateway) convs(ctx context.Context, s *Session, req *wire.Request) {
 	}
 	s.knowAll(heads)
 	if page.More && page.Next != nil {
-		out.Cursor = encodeConvCursor(*page.Next)
+		out.Cursor = encodeConvsPosition(*page.Next)
 	}
 	g.answer(s, req, nil, out)
 }
 
-func encodeConvCursor(c store.ConvCursor) string {
+func encodeConvsPosition(c store.ConvListPosition) string {
 	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(c.LastTs, 10) + "/" + c.Conv))
 }
 
-func decodeConvCursor(s string) (store.ConvCursor, bool) {
+func decodeConvsPosition(s string) (store.ConvListPosition, bool) {
 	b, err := base64.RawURLEncoding.DecodeString(s)
 	if err != nil {
-		return store.ConvCursor{}, false
+		return store.ConvListPosition{}, false
 	}
 	ts, conv, ok := strings.Cut(string(b), "/")
 	n, err := strconv.ParseInt(ts, 10, 64)
 	if !ok || err != nil {
-		return store.ConvCursor{}, false
+		return store.ConvListPosition{}, false
 	}
-	return store.ConvCursor{LastTs: n, Conv: conv}, true
+	return store.ConvListPosition{LastTs: n, Conv: conv}, true
 }
 
 // maxSnapshot is the most conversations one snapshot request may name.

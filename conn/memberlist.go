@@ -6,7 +6,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/parley-im/parley/internal/combine"
+	"github.com/parley-im/parley/internal/batch"
 	"github.com/parley-im/parley/store"
 )
 
@@ -27,8 +27,8 @@ import (
 // thousands of conversations cost a few statements instead of a query
 // each (8,000 groups took seconds, and typing frames waited as long).
 type memberLists struct {
-	loads combine.Combiner[string, []string] // set by initCombiners
-	spawn func(func())                       // starts a goroutine (Gateway.goroutine)
+	loads batch.Combiner[string, []string] // set by initCombiners
+	spawn func(func())                     // starts a goroutine (Gateway.goroutine)
 
 	mu sync.Mutex
 	m  map[string]memberList // guarded by mu

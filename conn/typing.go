@@ -68,7 +68,7 @@ func (g *Gateway) relayTyping(s *Session, req *wire.Request, members []string, n
 }
 
 // toOthers sends frame to the online devices of members other than
-// user, best effort (NotifyMany never waits).
+// user, best effort (ToUsers never waits).
 func (g *Gateway) toOthers(ctx context.Context, members []string, user string, frame []byte) error {
 	others := make([]string, 0, len(members))
 	for _, u := range members {
@@ -79,11 +79,11 @@ func (g *Gateway) toOthers(ctx context.Context, members []string, user string, f
 	if len(others) == 0 {
 		return nil
 	}
-	if g.deps.NotifyMany != nil {
-		return g.deps.NotifyMany(others, frame)
+	if g.deps.ToUsers != nil {
+		return g.deps.ToUsers(others, frame)
 	}
 	for _, u := range others {
-		if err := g.deps.Notify(ctx, u, "", frame); err != nil {
+		if err := g.deps.ToUser(ctx, u, "", frame); err != nil {
 			return err
 		}
 	}

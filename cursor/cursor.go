@@ -38,18 +38,8 @@ type Cursors struct {
 	log                     *slog.Logger
 	ackMetrics, readMetrics Metrics
 
-	acks  *batch.Sharded[*pendingAck]
-	reads *batch.Sharded[*pendingRead]
-}
-
-type pendingRead struct {
-	read store.ReadUpdate
-	done func(store.ReadResult)
-}
-
-type pendingAck struct {
-	ack  Ack
-	done func(Result)
+	acks  *batch.Sharded[Ack, Result]
+	reads *batch.Sharded[store.ReadUpdate, store.ReadResult]
 }
 
 // Metrics observe one kind of report (acks or reads): Sizes, the reports
@@ -61,24 +51,28 @@ type Metrics struct {
 }
 
 // Config sizes the group commits: how many transactions of acks and of
-// reads may be in flight, the acks' linger (see batch.New; reads do not
-// linger), and the most reports per transaction.
+// reads may be in flight, the acks' linger (see batch.Config; reads do
+// not linger), and the most reports per transaction. Timeout bounds a
+// report whose context has no deadline (request_timeout).
 type Config struct {
 	AckWorkers, ReadWorkers int
 	AckLinger               time.Duration
 	MaxBatch                int
+	Timeout                 time.Duration
 	Acks, Reads             Metrics
 }
 
 // New starts the group-commit workers.
 func New(st *store.Store, rdb redis.UniversalClient, prefix string, log *slog.Logger, cfg Config) *Cursors {
 	c := &Cursors{st: st, rdb: rdb, prefix: prefix, log: log, ackMetrics: cfg.Acks, readMetrics: cfg.Reads}
-	c.acks = batch.NewSharded(cfg.AckWorkers, cfg.MaxBatch, cfg.MaxBatch*cfg.AckWorkers*4, cfg.AckLinger, c.commit, cfg.Acks.Sizes, cfg.Acks.Queue)
+	c.acks = batch.NewSharded(batch.Config{Workers: cfg.AckWorkers, Max: cfg.MaxBatch, Queue: cfg.MaxBatch * cfg.AckWorkers * 4,
+		Linger: cfg.AckLinger, Timeout: cfg.Timeout, Sizes: cfg.Acks.Sizes, Waits: cfg.Acks.Queue}, c.commit)
 	// Reads do not linger: a read is what makes the badge vanish on the
 	// user's other devices, and reads are far fewer than acks, so the
-	// bigger batches a linger would buy are not worth its latency (at
-	// 5,000 reads/s it halved p50 and cut p99 by a third).
-	c.reads = batch.NewSharded(cfg.ReadWorkers, cfg.MaxBatch, cfg.MaxBatch*cfg.ReadWorkers*4, 0, c.commitReads, cfg.Reads.Sizes, cfg.Reads.Queue)
+	// bigger batches a linger would buy are not worth its latency
+	// (BENCHMARKS.md, the row "at 95a2ab7" on read_ok at 5,000 reads/s).
+	c.reads = batch.NewSharded(batch.Config{Workers: cfg.ReadWorkers, Max: cfg.MaxBatch, Queue: cfg.MaxBatch * cfg.ReadWorkers * 4,
+		Timeout: cfg.Timeout, Sizes: cfg.Reads.Sizes, Waits: cfg.Reads.Queue}, c.commitReads)
 	return c
 }
 
@@ -93,31 +87,27 @@ func (c *Cursors) Key(user, device string) string {
 	return c.prefix + "dc:{" + user + "}:" + device
 }
 
-// Merge queues a; done is called once, after the merge is durable.
+// Merge queues a; done is called once, after the merge is durable. ctx's
+// deadline bounds the work done for a, in the batch it shares.
 //
 // Acks with the same key (one connection's) are merged in order, so each
 // reply covers every earlier ack of that connection.
 func (c *Cursors) Merge(ctx context.Context, key uint64, a Ack, done func(Result)) {
-	if err := c.acks.Submit(ctx, key, &pendingAck{ack: a, done: done}); err != nil {
-		done(Result{Err: err})
-	}
+	c.acks.Submit(ctx, key, a, func(r Result, err error) {
+		if err != nil {
+			r = Result{Err: err}
+		}
+		done(r)
+	})
 }
 
-func (c *Cursors) commit(items []*pendingAck) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	ups := make([]Ack, len(items))
-	for i, it := range items {
-		ups[i] = it.ack
-	}
+// commit merges a batch of acks: PostgreSQL, then the hot copy.
+func (c *Cursors) commit(ctx context.Context, ups []Ack) ([]Result, error) {
 	start := time.Now()
 	res, err := c.st.MergeCursors(ctx, ups)
 	start = batch.ObserveSince(c.ackMetrics.Postgres, start)
 	if err != nil {
-		for _, it := range items {
-			it.done(Result{Err: err})
-		}
-		return
+		return nil, err
 	}
 	// Hot copy: best effort, a max-merge, so a failure here only leaves
 	// Redis behind PostgreSQL until the next ack.
@@ -131,9 +121,7 @@ func (c *Cursors) commit(items []*pendingAck) {
 	}
 	c.hotCopy(ctx, keys, args, "cursor hot copy")
 	batch.ObserveSince(c.ackMetrics.Redis, start)
-	for i, it := range items {
-		it.done(res[i])
-	}
+	return res, nil
 }
 
 // Forget deletes the device's hot cursors (after a reinstall).
@@ -154,26 +142,22 @@ func (c *Cursors) ReadKey(user string) string { return c.prefix + "rp:{" + user 
 func (c *Cursors) Read(ctx context.Context, r store.ReadUpdate, done func(store.ReadResult)) {
 	h := fnv.New64a()
 	_, _ = h.Write([]byte(r.User))
-	if err := c.reads.Submit(ctx, h.Sum64(), &pendingRead{read: r, done: done}); err != nil {
-		done(store.ReadResult{Err: err})
-	}
+	c.reads.Submit(ctx, h.Sum64(), r, func(res store.ReadResult, err error) {
+		if err != nil {
+			res = store.ReadResult{Err: err}
+		}
+		done(res)
+	})
 }
 
-func (c *Cursors) commitReads(items []*pendingRead) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	ups := make([]store.ReadUpdate, len(items))
-	for i, it := range items {
-		ups[i] = it.read
-	}
+// commitReads merges a batch of read reports: PostgreSQL, then the hot
+// copy of the positions that advanced.
+func (c *Cursors) commitReads(ctx context.Context, ups []store.ReadUpdate) ([]store.ReadResult, error) {
 	start := time.Now()
 	res, err := c.st.MarkReads(ctx, ups)
 	start = batch.ObserveSince(c.readMetrics.Postgres, start)
 	if err != nil {
-		for _, it := range items {
-			it.done(store.ReadResult{Err: err})
-		}
-		return
+		return nil, err
 	}
 	var keys []string
 	var args []any
@@ -184,9 +168,7 @@ func (c *Cursors) commitReads(items []*pendingRead) {
 	}
 	c.hotCopy(ctx, keys, args, "read hot copy")
 	batch.ObserveSince(c.readMetrics.Redis, start)
-	for i, it := range items {
-		it.done(res[i])
-	}
+	return res, nil
 }
 
 // hotCopy max-merges the Redis hot copies: keys[i] is a hash, args holds

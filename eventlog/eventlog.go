@@ -12,6 +12,7 @@
 package eventlog
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -73,6 +74,10 @@ type Config struct {
 	CommitBatch   int
 	CommitWorkers int
 	CommitLinger  time.Duration
+	// Timeout bounds the work of a send whose context has no deadline
+	// (request_timeout; 0 means defaultTimeout); a send's own deadline
+	// bounds its batch otherwise.
+	Timeout time.Duration
 	// RecipientsBelow: for sends to conversations with fewer members, the
 	// commit also reads the recipients (write_fanout_max).
 	RecipientsBelow int
@@ -128,7 +133,7 @@ type Log struct {
 	onCommit func([]Committed)
 	now      func() time.Time
 
-	sends   *batch.Batcher[*pendingSend]
+	sends   *batch.Batcher[*pendingSend, SendResult]
 	members *memberCache
 
 	// Seqs of failed sends that could not be recorded as holes yet
@@ -140,14 +145,22 @@ type Log struct {
 	wg        sync.WaitGroup
 }
 
+// defaultTimeout is Config.Timeout's default, request_timeout's.
+const defaultTimeout = 10 * time.Second
+
+// fenceTimeout bounds recording a failed batch's seqs as holes. It is
+// not the batch's deadline, which may be what made the batch fail; a hole
+// not recorded in time is kept for fenceLoop.
+const fenceTimeout = time.Second
+
 // maxUnfenced bounds the seqs kept for fenceLoop, over all
 // conversations; past it, readers fence them after the hole timeout
 // instead.
 const maxUnfenced = 100000
 
 type pendingSend struct {
-	msg  Message
-	done func(SendResult)
+	msg Message
+	at  int // its place in its batch, set by commitSends
 	// Set by allocate: the seq allocated, or why none was; or, for a
 	// resend of a message already stored (dup), the original's seq and
 	// ts, and nothing was allocated.
@@ -172,8 +185,9 @@ func New(st *store.Store, seqs *seq.Allocator, cfg Config, log *slog.Logger, onC
 		ttl = defaultMemberTTL
 	}
 	l := &Log{st: st, seqs: seqs, cfg: cfg, log: log, onCommit: onCommit, now: time.Now,
-		members: newMemberCache(st, ttl, cfg.MemberLookups, log)}
-	l.sends = batch.New(cfg.CommitWorkers, cfg.CommitBatch, cfg.CommitBatch*cfg.CommitWorkers*4, cfg.CommitLinger, l.allocate, l.commitSends, cfg.BatchSizes, cfg.Stages.Queue)
+		members: newMemberCache(st, ttl, cmp.Or(cfg.Timeout, defaultTimeout), cfg.MemberLookups, log)}
+	l.sends = batch.New(batch.Config{Workers: cfg.CommitWorkers, Max: cfg.CommitBatch, Queue: cfg.CommitBatch * cfg.CommitWorkers * 4,
+		Linger: cfg.CommitLinger, Timeout: cmp.Or(cfg.Timeout, defaultTimeout), Sizes: cfg.BatchSizes, Waits: cfg.Stages.Queue}, l.allocate, l.commitSends)
 	l.stop = make(chan struct{})
 	l.wg.Add(2)
 	go l.fenceLoop()
@@ -199,15 +213,19 @@ func (l *Log) Close() {
 // found to be a duplicate) or failed. A sender who is not a current member
 // is refused before any seq is allocated. Sends queued one after another
 // get increasing seqs (seqs are allocated in queue order; the commits of
-// different batches may then finish in any order).
+// different batches may then finish in any order). ctx's deadline bounds
+// the work done for m, in the batch it shares with other sends.
 func (l *Log) Send(ctx context.Context, m Message, done func(SendResult)) {
 	if err := l.mayPost(ctx, m.Sender, m.Conv); err != nil {
 		done(SendResult{Err: err})
 		return
 	}
-	if err := l.sends.Submit(ctx, &pendingSend{msg: m, done: done}); err != nil {
-		done(SendResult{Err: err})
-	}
+	l.sends.Submit(ctx, &pendingSend{msg: m}, func(r SendResult, err error) {
+		if err != nil {
+			r = SendResult{Err: err}
+		}
+		done(r)
+	})
 }
 
 // mayPost checks, from the membership cache, that user is a current
@@ -231,10 +249,8 @@ func (l *Log) mayPost(ctx context.Context, user, conv string) error {
 // seqs of the other sends in one Redis round trip (one seq_alloc call, an
 // INCRBY per conversation). Batches are allocated one at a time in queue
 // order, so a connection's sends get increasing seqs even though batches
-// commit concurrently.
-func (l *Log) allocate(items []*pendingSend) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+// commit concurrently. ctx has the batch's deadline.
+func (l *Log) allocate(ctx context.Context, items []*pendingSend) {
 	start := time.Now()
 	fresh := l.answerResends(ctx, items)
 	start = batch.ObserveSince(l.cfg.Stages.Resends, start)
@@ -317,14 +333,17 @@ func (l *Log) allocateEach(ctx context.Context, items []*pendingSend) {
 
 // commitSends runs one allocated batch: insert (one PostgreSQL
 // transaction), then allocate anew and retry the rows whose seq was taken.
-func (l *Log) commitSends(items []*pendingSend) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+// It answers every send (its error in its SendResult).
+func (l *Log) commitSends(ctx context.Context, items []*pendingSend) ([]SendResult, error) {
+	out := make([]SendResult, len(items))
+	for i, it := range items {
+		it.at = i
+	}
 	todo := items
 	for attempt := 0; len(todo) > 0; attempt++ {
 		if attempt == 5 {
 			for _, it := range todo {
-				it.done(SendResult{Err: ErrRetries})
+				out[it.at] = SendResult{Err: ErrRetries}
 			}
 			break
 		}
@@ -336,10 +355,10 @@ func (l *Log) commitSends(items []*pendingSend) {
 		if err != nil {
 			for _, it := range todo {
 				if it.dup { // answered by the lookup: the failed insert was not its
-					it.done(SendResult{Seq: it.seq, Ts: it.ts, Dup: true})
+					out[it.at] = SendResult{Seq: it.seq, Ts: it.ts, Dup: true}
 					continue
 				}
-				it.done(SendResult{Err: err})
+				out[it.at] = SendResult{Err: err}
 			}
 			l.fenceFailed(msgs)
 			break
@@ -365,19 +384,21 @@ func (l *Log) commitSends(items []*pendingSend) {
 					Members: r.Members, Recipients: r.Recipients, HaveRecipients: r.HaveRecipients})
 			}
 		}
-		// Fan-out first, then the senders' answers: a sender that sends its
-		// next message on send_ok must not have it pushed before this one
-		// (both would be queued for fan-out in the wrong order).
+		// Fan-out first, then the senders' answers (given once this
+		// returns): a sender that sends its next message on send_ok must
+		// not have it pushed before this one (both would be queued for
+		// fan-out in the wrong order).
 		if len(committed) > 0 && l.onCommit != nil {
 			l.onCommit(committed)
 		}
 		for i, r := range results {
 			if !errors.Is(r.Err, store.ErrSeqTaken) {
-				todo[i].done(SendResult{Seq: r.Seq, Ts: r.Ts, Dup: r.Dup, Err: r.Err})
+				out[todo[i].at] = SendResult{Seq: r.Seq, Ts: r.Ts, Dup: r.Dup, Err: r.Err}
 			}
 		}
 		todo = retry
 	}
+	return out, nil
 }
 
 // insertBatch inserts the items that got a seq, in one transaction.
@@ -428,7 +449,7 @@ func (l *Log) fenceFailed(msgs []store.NewMessage) {
 	if len(byConv) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), fenceTimeout)
 	defer cancel()
 	for conv, seqs := range byConv {
 		if err := l.st.InsertHoles(ctx, conv, seqs, l.now().UnixMilli()); err != nil {
@@ -479,7 +500,7 @@ func (l *Log) takeUnfenced() map[string][]int64 {
 // refence records pending as holes, keeping again what still fails.
 func (l *Log) refence(pending map[string][]int64) {
 	for conv, seqs := range pending {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), fenceTimeout)
 		err := l.st.InsertHoles(ctx, conv, seqs, l.now().UnixMilli())
 		cancel()
 		if err != nil {

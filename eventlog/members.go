@@ -6,7 +6,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/parley-im/parley/internal/combine"
+	"github.com/parley-im/parley/internal/batch"
 	"github.com/parley-im/parley/internal/periodic"
 	"github.com/parley-im/parley/store"
 )
@@ -53,7 +53,7 @@ type memberCache struct {
 	// after a start, a Redis flush or a wave of forgets, thousands of
 	// senders' first sends miss at once, and one round trip each (with
 	// PostgreSQL planning each anew) stalled a core for seconds.
-	misses combine.Combiner[memberKey, store.MemberState]
+	misses batch.Combiner[memberKey, store.MemberState]
 }
 
 // defaultMemberTTL: removals, mutes and role changes drop entries on every
@@ -85,10 +85,10 @@ type memberEntry struct {
 
 const memberCacheMax = 200000
 
-func newMemberCache(st *store.Store, ttl time.Duration, counts MemberLookups, log *slog.Logger) *memberCache {
+func newMemberCache(st *store.Store, ttl, timeout time.Duration, counts MemberLookups, log *slog.Logger) *memberCache {
 	m := &memberCache{st: st, ttl: ttl, entries: map[memberKey]*memberEntry{}, used: map[memberKey]struct{}{}, counts: counts,
 		forgot: map[memberKey]time.Time{}}
-	m.misses = combine.Combiner[memberKey, store.MemberState]{Workers: missWorkers, Max: missBatch, Timeout: 10 * time.Second, Log: log,
+	m.misses = batch.Combiner[memberKey, store.MemberState]{Workers: missWorkers, Max: missBatch, Timeout: timeout, Log: log,
 		Run: m.read}
 	return m
 }

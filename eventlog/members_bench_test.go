@@ -12,7 +12,7 @@ import (
 // cached (a sender who keeps sending hits the cache; misses go to
 // PostgreSQL and are counted by MemberLookups instead).
 func BenchmarkSendCheck(b *testing.B) {
-	m := newMemberCache(nil, time.Hour, MemberLookups{}, nil)
+	m := newMemberCache(nil, time.Hour, time.Second, MemberLookups{}, nil)
 	m.entries[memberKey{"ana", "g"}] = &memberEntry{exp: time.Now().Add(time.Hour), used: true, mutedUntil: time.Now().Add(-time.Minute).UnixMilli()}
 	l := &Log{members: m, now: time.Now}
 	ctx := context.Background()

@@ -47,7 +47,7 @@ func TestMemberCacheForgetBeatsOlderReads(t *testing.T) {
 	}
 	muted := time.Now().Add(time.Hour).UnixMilli()
 	setMute(muted)
-	m := newMemberCache(st, time.Minute, MemberLookups{}, nil)
+	m := newMemberCache(st, time.Minute, 10*time.Second, MemberLookups{}, nil)
 	key := memberKey{"mem", "g"}
 	if s, err := m.lookup(ctx, "mem", "g"); err != nil || s.MutedUntil != muted {
 		t.Fatalf("lookup %+v %v", s, err)

@@ -27,7 +27,7 @@ func TestAdvanceWaitsForABackloggedGateway(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(st.Close)
-	f := New(st, nil, nil, nil, 100, 1000, slog.Default(), nil, 1, time.Second)
+	f := New(st, nil, nil, nil, Config{WriteMax: 100, OnlineMax: 1000, Workers: 1, AckFlush: time.Second}, slog.Default(), nil)
 	load := &gatewayLoad{}
 	f.local = load
 	now := time.Now()

@@ -21,6 +21,7 @@
 package fanout
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -82,6 +83,7 @@ type Fanout struct {
 	// members are in the push tier, up to onlineMax in the online tier,
 	// above it in the pull tier.
 	writeMax, onlineMax int
+	timeout             time.Duration // bounds each batch's work against the stores
 	metrics             fanoutMetrics
 
 	// Set by Start, before the goroutines that read it start.
@@ -127,17 +129,30 @@ type Fanout struct {
 // after a flush, so that for a period that divides a second (1s, the
 // default, 500ms, 200ms, …) or is a whole number of seconds the two never
 // reach PostgreSQL together.
-func New(st *store.Store, routes *route.Table, bus *Bus, rows *Rows, writeMax, onlineMax int, log *slog.Logger, reg prometheus.Registerer, workers int, ackFlush time.Duration) *Fanout {
+func New(st *store.Store, routes *route.Table, bus *Bus, rows *Rows, cfg Config, log *slog.Logger, reg prometheus.Registerer) *Fanout {
+	ackFlush := cfg.AckFlush
 	if ackFlush <= 0 || ackFlush > time.Second {
 		ackFlush = time.Second
 	}
-	f := &Fanout{st: st, routes: routes, bus: bus, rows: rows, writeMax: writeMax, onlineMax: onlineMax, log: log,
+	f := &Fanout{st: st, routes: routes, bus: bus, rows: rows, writeMax: cfg.WriteMax, onlineMax: cfg.OnlineMax, timeout: cmp.Or(cfg.Timeout, 10*time.Second), log: log,
 		metrics: newFanoutMetrics(reg), advancePhase: ackFlush.Seconds() / 2,
 		dirty: map[string]*pendingDense{}, stop: make(chan struct{}), notes: make(chan userFrame, 4096)}
-	for range workers {
-		f.queues = append(f.queues, make(chan []eventlog.Committed, 4096/workers+1))
+	for range cfg.Workers {
+		f.queues = append(f.queues, make(chan []eventlog.Committed, 4096/cfg.Workers+1))
 	}
 	return f
+}
+
+// Config sets up fan-out: the tier thresholds (write_fanout_max,
+// online_fanout_max), how many delivery workers, the gateway's held-ack
+// flush interval (ack_coalesce; the watermark advances between its
+// flushes), and Timeout, which bounds each batch's work against the
+// stores (request_timeout; 10 s if unset).
+type Config struct {
+	WriteMax, OnlineMax int
+	Workers             int
+	AckFlush            time.Duration
+	Timeout             time.Duration
 }
 
 // Start starts delivering, to local (this process's gateway) and over the
@@ -284,7 +299,7 @@ func (f *Fanout) advance(all bool) {
 	f.dmu.Unlock()
 	for len(convs) > 0 {
 		n := min(len(convs), 500)
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), f.timeout)
 		if err := f.st.AdvanceDense(ctx, convs[:n]); err != nil {
 			f.log.Debug("advancing dense_seq", "err", err)
 		}
@@ -310,7 +325,7 @@ func (f *Fanout) work(queue chan []eventlog.Committed) {
 				break more
 			}
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), f.timeout)
 		if err := f.deliver(ctx, evs); err != nil {
 			f.log.Warn("fan-out failed; clients will catch up by sync", "events", len(evs), "err", err)
 		}
@@ -741,7 +756,7 @@ type relayRoute struct {
 
 // notify delivers a batch of ToUser and ToUsers frames.
 func (f *Fanout) notify(batch []userFrame) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), f.timeout)
 	defer cancel()
 	now := time.Now()
 	users := make([]string, 0, len(batch))

@@ -1,6 +1,7 @@
 package fanout
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -54,6 +55,7 @@ type Rows struct {
 type RowsConfig struct {
 	Workers   int           // stream readers in this process
 	ClaimIdle time.Duration // a pending entry idle this long is claimed by another worker
+	Timeout   time.Duration // bounds each batch's work against Redis and PostgreSQL (request_timeout)
 }
 
 // RowJob asks for conv's row of each of Users to be raised to Ts.
@@ -68,7 +70,14 @@ const (
 	maxRetryJobs  = 100000
 	maxEntryUsers = 10000
 	appendLinger  = 10 * time.Millisecond
+	// readBlock is how long a worker's read of the stream waits for
+	// entries (XREADGROUP BLOCK) before it looks at whether to stop.
+	readBlock = time.Second
 )
+
+// timeout bounds each batch's work against the stores (RowsConfig.Timeout,
+// 10 s if unset).
+func (r *Rows) timeout() time.Duration { return cmp.Or(r.cfg.Timeout, 10*time.Second) }
 
 type rowsMetrics struct {
 	backlog prometheus.Gauge
@@ -176,7 +185,7 @@ func (r *Rows) appender() {
 				case js := <-r.queue:
 					jobs = append(jobs, js...)
 				default:
-					ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+					ctx, cancel := context.WithTimeout(context.Background(), r.timeout())
 					r.append(ctx, jobs)
 					cancel()
 					return
@@ -208,7 +217,7 @@ func (r *Rows) appender() {
 			}
 		}
 		linger.Stop()
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), r.timeout())
 		r.append(ctx, jobs)
 		cancel()
 	}
@@ -246,16 +255,16 @@ func (r *Rows) work(name string) {
 			return
 		default:
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), readBlock+r.timeout())
 		res, err := r.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: rowsGroup, Consumer: name,
-			Streams: []string{r.stream, ">"}, Count: 64, Block: time.Second}).Result()
+			Streams: []string{r.stream, ">"}, Count: 64, Block: readBlock}).Result()
 		cancel()
 		switch {
 		case errors.Is(err, redis.Nil):
 			continue
 		case redis.HasErrorPrefix(err, "NOGROUP"):
 			// Redis lost the stream (flushed or restarted empty).
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), r.timeout())
 			if err := r.ensureGroup(ctx); err != nil {
 				r.log.Debug("rows", "err", err)
 			}
@@ -298,7 +307,7 @@ func (r *Rows) process(msgs []redis.XMessage) {
 		}
 		jobs = append(jobs, js...)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), r.timeout())
 	defer cancel()
 	if err := r.apply(ctx, jobs); err != nil {
 		r.log.Debug("writing rows; the entries stay pending", "err", err)
@@ -354,7 +363,7 @@ func (r *Rows) reclaimLoop() {
 			return
 		case <-t.C:
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), r.timeout())
 		r.retryQueued(ctx)
 		r.reclaim(ctx)
 		if n, err := r.rdb.XLen(ctx, r.stream).Result(); err == nil {

@@ -417,7 +417,7 @@ func TestLaterJobsLetShardSleep(t *testing.T) {
 	for i := range 20 {
 		due := time.Now().Add(5 * time.Second).UnixMilli()
 		job := newJob{ID: fmt.Sprintf("b|u%d", i), Shard: 0, Due: due, Seq: due, Ts: due, Body: jobBody{User: fmt.Sprint("u", i)}}
-		if err := n.q.put(ctx, []newJob{job}, n.cfg.Delay); err != nil {
+		if err := n.q.enqueue(ctx, []newJob{job}, n.cfg.Delay); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(10 * time.Millisecond)

@@ -88,7 +88,7 @@ func (n *Notifier) evaluateMessages(ctx context.Context, jobs []*job) []finished
 	// earlier ones.
 	slices.SortStableFunc(out, func(a, b newJob) int { return cmp.Compare(a.Seq, b.Seq) })
 	if len(out) > 0 {
-		if err := n.q.put(ctx, out, n.cfg.Delay); err != nil {
+		if err := n.q.enqueue(ctx, out, n.cfg.Delay); err != nil {
 			n.log.Warn("queueing notifications", "err", err)
 			for _, j := range jobs {
 				fin = append(fin, retryLater(j, time.Second))
@@ -149,7 +149,7 @@ func (n *Notifier) evaluateRecall(ctx context.Context, j *job) finishedJob {
 			Shard: j.Shard, Due: now, Seq: j.Seq, Ts: j.Ts, Body: jobBody{Conv: j.Body.Conv, User: d.User, Device: d.Device, Target: info.Target}})
 	}
 	if len(puts) > 0 {
-		if err := n.q.put(ctx, puts, n.cfg.Delay); err != nil {
+		if err := n.q.enqueue(ctx, puts, n.cfg.Delay); err != nil {
 			return retryLater(j, time.Second)
 		}
 	}
@@ -197,7 +197,7 @@ func (n *Notifier) evaluateBadge(ctx context.Context, j *job) finishedJob {
 			Body: jobBody{User: user, Device: r.Device}})
 	}
 	if len(puts) > 0 {
-		if err := n.q.put(ctx, puts, n.cfg.Delay); err != nil {
+		if err := n.q.enqueue(ctx, puts, n.cfg.Delay); err != nil {
 			return retryLater(j, time.Second)
 		}
 	}

@@ -1,6 +1,7 @@
 package notify
 
 import (
+	"cmp"
 	"context"
 	"strconv"
 	"time"
@@ -94,8 +95,8 @@ func (n *Notifier) intakeLoop() {
 		pending = n.messageJobs(pending, msgs)
 		msgs = msgs[:0]
 		if len(pending) > 0 {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			err := n.q.put(ctx, pending, n.cfg.Delay)
+			ctx, cancel := context.WithTimeout(context.Background(), n.storeTimeout())
+			err := n.q.enqueue(ctx, pending, n.cfg.Delay)
 			cancel()
 			if err == nil {
 				pending, intakeFails = pending[:0], 0
@@ -176,3 +177,7 @@ func (n *Notifier) badgeUserJob(user string) newJob {
 	wait := min(n.cfg.Delay/10, 500*time.Millisecond).Milliseconds()
 	return newJob{ID: "b|" + user, Shard: n.q.shardOf(user), Due: now + wait, Seq: now, Ts: now, Body: jobBody{User: user}}
 }
+
+// storeTimeout bounds each batch's work against the stores
+// (Config.StoreTimeout).
+func (n *Notifier) storeTimeout() time.Duration { return cmp.Or(n.cfg.StoreTimeout, 10*time.Second) }

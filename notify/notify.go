@@ -48,6 +48,10 @@ type Config struct {
 	Lease time.Duration
 	// Timeout bounds one provider request.
 	Timeout time.Duration
+	// StoreTimeout bounds each batch's work against Redis and PostgreSQL:
+	// queueing committed messages, recording outcomes (request_timeout;
+	// 10 s if unset).
+	StoreTimeout time.Duration
 	// Concurrency is how many requests each provider may have in flight.
 	Concurrency int
 	// The tier thresholds (the pull tier notifies mentioned users only).

@@ -173,10 +173,10 @@ func byShard[T any](jobs []T, shardOf func(*T) int, f func(shard int, part []*T)
 	}
 }
 
-// put adds jobs in one pipeline, a script call per shard (and per
+// enqueue adds jobs in one pipeline, a script call per shard (and per
 // scriptJobs); gap is the least time between two notifications of one
 // (device, conversation).
-func (q *queue) put(ctx context.Context, jobs []newJob, gap time.Duration) error {
+func (q *queue) enqueue(ctx context.Context, jobs []newJob, gap time.Duration) error {
 	_, err := scripts.RunPipelined(ctx, q.rdb, func(p redis.Pipeliner) {
 		byShard(jobs, func(j *newJob) int { return j.Shard }, func(shard int, part []*newJob) {
 			keys := make([]string, 2, 2+len(part))

@@ -55,7 +55,7 @@ const recordLinger = 10 * time.Millisecond
 
 // record finishes the jobs of batch by their outcomes.
 func (n *Notifier) record(batch []providerAnswer) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), n.storeTimeout())
 	defer cancel()
 	now := time.Now()
 	fin := make([]finishedJob, 0, len(batch))
@@ -149,7 +149,7 @@ func (n *Notifier) backlogLoop() {
 		case <-n.stop:
 			return
 		case <-t.C:
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), n.storeTimeout())
 			if b, err := n.q.backlog(ctx); err == nil {
 				n.m.backlog.Set(float64(b))
 			}

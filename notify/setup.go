@@ -80,6 +80,6 @@ func Providers(cfg config.Config, client *http.Client) ([]Provider, error) {
 // ConfigOf is the notifier's Config from parleyd's.
 func ConfigOf(cfg config.Config) Config {
 	return Config{Delay: cfg.NotifyDelay, TTL: cfg.NotifyTTL, BadgeMax: int64(cfg.NotifyBadgeMax), Preview: cfg.NotifyPreview,
-		Shards: cfg.NotifyShards, Lease: cfg.NotifyLease, Timeout: cfg.NotifyTimeout, Concurrency: cfg.NotifyConcurrency,
+		Shards: cfg.NotifyShards, Lease: cfg.NotifyLease, Timeout: cfg.NotifyTimeout, StoreTimeout: cfg.RequestTimeout, Concurrency: cfg.NotifyConcurrency,
 		WriteFanoutMax: cfg.WriteFanoutMax, OnlineFanoutMax: cfg.OnlineFanoutMax, Prefix: cfg.RedisPrefix}
 }

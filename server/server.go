@@ -224,12 +224,13 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Server, e
 	// sends.
 	s.cursors = cursor.New(s.st, s.rdb, cfg.RedisPrefix, log, cursor.Config{
 		AckWorkers: cfg.AckWorkers, AckLinger: cfg.AckLinger, ReadWorkers: max(1, cfg.CommitWorkers/2), MaxBatch: cfg.CommitBatch,
-		Acks: sm.commitMetrics("ack"), Reads: sm.commitMetrics("read")})
+		Timeout: cfg.RequestTimeout, Acks: sm.commitMetrics("ack"), Reads: sm.commitMetrics("read")})
 	// Fan-out takes the log's commits and the gateway's logins; it
 	// delivers to the gateway once that exists (Start).
 	s.rows = fanout.NewRows(s.rdb, cfg.RedisPrefix, s.cfg.GatewayID+"-"+s.routes.Boot(),
-		fanout.RowsConfig{Workers: cfg.FanoutWorkers, ClaimIdle: cfg.FanoutClaimIdle}, log, s.reg)
-	s.fan = fanout.New(s.st, s.routes, s.bus, s.rows, cfg.WriteFanoutMax, cfg.OnlineFanoutMax, log, s.reg, 4, cfg.AckCoalesce)
+		fanout.RowsConfig{Workers: cfg.FanoutWorkers, ClaimIdle: cfg.FanoutClaimIdle, Timeout: cfg.RequestTimeout}, log, s.reg)
+	s.fan = fanout.New(s.st, s.routes, s.bus, s.rows, fanout.Config{WriteMax: cfg.WriteFanoutMax, OnlineMax: cfg.OnlineFanoutMax,
+		Workers: 4, AckFlush: cfg.AckCoalesce, Timeout: cfg.RequestTimeout}, log, s.reg)
 	providers, err := notify.Providers(cfg, notify.HTTPClient(cfg))
 	if err != nil {
 		return nil, err
@@ -237,7 +238,7 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Server, e
 	s.notify = notify.New(s.st, s.notifyRdb, notify.ConfigOf(s.cfg), providers, s.connectedDevices, log, s.reg)
 	sends := sm.commitMetrics("send")
 	s.events = eventlog.New(s.st, seqs, eventlog.Config{HoleTimeout: cfg.HoleTimeout, CommitBatch: cfg.CommitBatch, CommitWorkers: cfg.CommitWorkers, CommitLinger: cfg.CommitLinger,
-		RecipientsBelow: cfg.WriteFanoutMax, BatchSizes: sends.Sizes,
+		Timeout: cfg.RequestTimeout, RecipientsBelow: cfg.WriteFanoutMax, BatchSizes: sends.Sizes,
 		Stages: eventlog.Stages{Queue: sends.Queue, Resends: sm.stages.WithLabelValues("send", "resends"), Seq: sends.Redis, Insert: sends.Postgres},
 		MemberLookups: eventlog.MemberLookups{Waited: sm.memberLookups.WithLabelValues("send"),
 			Refreshed: sm.memberLookups.WithLabelValues("refresh")},
@@ -265,7 +266,7 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Server, e
 	}
 	s.gw = conn.New(s.cfg, conn.Deps{JWT: verifier, Store: s.st, Log: s.events, Cursors: s.cursors, Routes: s.routes, Bus: s.bus, Rows: s.rows,
 		Mentions: conn.NewMentionLimiter(s.rdb, cfg.RedisPrefix, cfg.MentionAllRate, cfg.MentionAllPeriod),
-		Online:   s.fan.Online, Notify: s.fan.ToUser, NotifyMany: s.fan.ToUsers, RoutesChanged: s.fan.RoutesChanged, Announce: s.fan.Announce, Receipts: conn.NewReceiptGate(s.rdb, cfg.RedisPrefix),
+		Online:   s.fan.Online, ToUser: s.fan.ToUser, ToUsers: s.fan.ToUsers, RoutesChanged: s.fan.RoutesChanged, Announce: s.fan.Announce, Receipts: conn.NewReceiptGate(s.rdb, cfg.RedisPrefix),
 		Notifications: s.notify}, log, s.reg)
 	s.fan.Start(s.gw)
 	if s.ps, err = s.bus.Subscribe(ctx); err != nil {
@@ -288,48 +289,6 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Server, e
 	return s, nil
 }
 
-// MetricSum returns the sum of every sample of the named metric in this
-// process's registry (counters and gauges; 0 if absent): for tests and
-// benchmarks that run the server in process.
-func (s *Server) MetricSum(name string) float64 {
-	mfs, err := s.reg.Gather()
-	if err != nil {
-		return 0
-	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-		}
-	}
-	return sum
-}
-
-// MetricWith is MetricSum over the samples whose label has value.
-func (s *Server) MetricWith(name, label, value string) float64 {
-	mfs, err := s.reg.Gather()
-	if err != nil {
-		return 0
-	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == label && l.GetValue() == value {
-					sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-				}
-			}
-		}
-	}
-	return sum
-}
-
 // connectedDevices returns which devices of users have a live connection
 // on any gateway (the routing table).
 func (s *Server) connectedDevices(ctx context.Context, users []string) (map[string]bool, error) {
@@ -343,15 +302,6 @@ func (s *Server) connectedDevices(ctx context.Context, users []string) (map[stri
 	}
 	return on, nil
 }
-
-// FanoutPending is how many committed events wait for fan-out (tests use
-// it to wait until pushes went out).
-func (s *Server) FanoutPending() int64 { return s.fan.Pending() }
-
-// HoldNotifications keeps the notifier from claiming notification jobs
-// until release is called (notify.Notifier.Hold): for tests that must let
-// acks commit before notify_delay matters, whatever the host's speed.
-func (s *Server) HoldNotifications() (release func()) { return s.notify.Hold() }
 
 // Config is the effective configuration (with generated values filled in).
 func (s *Server) Config() config.Config { return s.cfg }

@@ -28,9 +28,11 @@ type ConvItem struct {
 	MutedUntil int64
 }
 
-// ConvCursor is a position in a user's conversation list: items strictly
-// after (LastTs, Conv) in (LastTs desc, Conv asc) order.
-type ConvCursor struct {
+// ConvListPosition is a position in a user's conversation list: items
+// strictly after (LastTs, Conv) in (LastTs desc, Conv asc) order. The
+// convs request carries it as its opaque `cursor` (docs/protocol.md); it
+// is not a delivery cursor (package cursor).
+type ConvListPosition struct {
 	LastTs int64
 	Conv   string
 }
@@ -52,7 +54,7 @@ type ConvPage struct {
 	// More is true if items follow; Next is then the cursor of the
 	// following page.
 	More bool
-	Next *ConvCursor
+	Next *ConvListPosition
 	// Backfill holds the rows of push-tier conversations that had to be
 	// probed (missing from ConvOrder.Rows) or that were behind their log,
 	// for the caller to write.
@@ -68,7 +70,7 @@ type ConvPage struct {
 // listed by it (a row that lags a commit by the fan-out delay can only
 // misplace its conversation across a page boundary, never show a
 // last_ts older than its head).
-func (s *Store) Conversations(ctx context.Context, user, device string, limit int, cur *ConvCursor, order ConvOrder) (ConvPage, error) {
+func (s *Store) Conversations(ctx context.Context, user, device string, limit int, cur *ConvListPosition, order ConvOrder) (ConvPage, error) {
 	var p ConvPage
 	err := s.readTx(ctx, func(tx pgx.Tx) error {
 		p = ConvPage{}
@@ -159,7 +161,7 @@ func (s *Store) Conversations(ctx context.Context, user, device string, limit in
 		if len(all) > limit {
 			all, p.More = all[:limit], true
 			last := all[len(all)-1]
-			p.Next = &ConvCursor{LastTs: last.lastTs, Conv: last.id}
+			p.Next = &ConvListPosition{LastTs: last.lastTs, Conv: last.id}
 		}
 		if len(all) == 0 {
 			return nil

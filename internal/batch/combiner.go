@@ -1,7 +1,4 @@
-// Package combine answers many callers' requests of the same kind with
-// one database statement (or one Redis pipeline): while a few run, the
-// requests that arrive queue up and go into the next one together.
-package combine
+package batch
 
 import (
 	"context"
@@ -11,9 +8,6 @@ import (
 
 	"github.com/parley-im/parley/internal/backend"
 )
-
-// Observer takes one measurement (prometheus.Observer fits).
-type Observer interface{ Observe(float64) }
 
 // A Combiner answers the same kind of request for many callers with one
 // statement. After a reconnect storm thousands of devices authenticate and
@@ -32,12 +26,12 @@ type Observer interface{ Observe(float64) }
 type Combiner[Q, R any] struct {
 	// Set before the first Do, then never changed.
 	Workers int
-	Max     int                                            // most weight in one batch (a lone request may exceed it)
-	Weight  func(q Q) int                                  // nil: 1 per request
-	Run     func(ctx context.Context, qs []Q) ([]R, error) // one result per request, in order
-	Sizes   Observer                                       // nil: batch sizes not observed
-	Timeout time.Duration                                  // bounds each statement
-	Log     *slog.Logger                                   // nil: slog.Default()
+	Max     int           // most weight in one batch (a lone request may exceed it)
+	Weight  func(q Q) int // nil: 1 per request
+	Run     Run[Q, R]
+	Sizes   Observer      // nil: batch sizes not observed
+	Timeout time.Duration // the deadline of a request whose context has none
+	Log     *slog.Logger  // nil: slog.Default()
 	// Go starts a worker (nil: a plain goroutine); the gateway tracks
 	// them, so that a shutdown waits for their statements.
 	Go func(func())
@@ -49,16 +43,17 @@ type Combiner[Q, R any] struct {
 }
 
 type combined[Q, R any] struct {
-	ctx  context.Context
-	q    Q
-	r    R // set before done is closed
-	err  error
-	done chan struct{}
+	ctx      context.Context
+	deadline time.Time
+	q        Q
+	r        R // set before done is closed
+	err      error
+	done     chan struct{}
 }
 
 // Do answers q, in a batch with whatever else is waiting.
 func (b *Combiner[Q, R]) Do(ctx context.Context, q Q) (R, error) {
-	c := &combined[Q, R]{ctx: ctx, q: q, done: make(chan struct{})}
+	c := &combined[Q, R]{ctx: ctx, deadline: deadlineOf(ctx, time.Now(), b.Timeout), q: q, done: make(chan struct{})}
 	b.mu.Lock()
 	b.queue = append(b.queue, c)
 	start := b.running < b.Workers
@@ -138,17 +133,22 @@ func (b *Combiner[Q, R]) take() []*combined[Q, R] {
 	return batch
 }
 
+// runBatch runs one statement for batch, under the latest of its
+// requests' deadlines.
 func (b *Combiner[Q, R]) runBatch(batch []*combined[Q, R]) {
 	if b.Sizes != nil {
 		b.Sizes.Observe(float64(len(batch)))
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), b.Timeout)
-	defer cancel()
+	deadline := batch[0].deadline
 	qs := make([]Q, len(batch))
 	for i, c := range batch {
 		qs[i] = c.q
+		if c.deadline.After(deadline) {
+			deadline = c.deadline
+		}
 	}
-	var zero R
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
 	rs, err := b.Run(ctx, qs)
 	if err != nil && len(batch) > 1 && !backend.IsUnavailable(err) {
 		// Not a backend outage: run each request alone, so whatever made
@@ -160,21 +160,11 @@ func (b *Combiner[Q, R]) runBatch(batch []*combined[Q, R]) {
 		log.Warn("combined read failed; running its requests one by one", "requests", len(batch), "err", err)
 		for _, c := range batch {
 			one, err := b.Run(ctx, []Q{c.q})
-			if err != nil {
-				c.finish(zero, err)
-			} else {
-				c.finish(one[0], nil)
-			}
+			answer(1, one, err, func(_ int, r R, err error) { c.finish(r, err) })
 		}
 		return
 	}
-	for i, c := range batch {
-		if err != nil {
-			c.finish(zero, err)
-		} else {
-			c.finish(rs[i], nil)
-		}
-	}
+	answer(len(batch), rs, err, func(i int, r R, err error) { batch[i].finish(r, err) })
 }
 
 func (c *combined[Q, R]) finish(r R, err error) {

@@ -2,9 +2,11 @@ package batch
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,7 +19,7 @@ func TestLoneItemRunsAtOnceAndBatchesForm(t *testing.T) {
 	release := make(chan struct{})
 	running := make(chan struct{})
 	first := true
-	b := New(1, 100, 1000, 50*time.Millisecond, nil, func(items []int) {
+	b := New(Config{Workers: 1, Max: 100, Queue: 1000, Linger: 50 * time.Millisecond}, nil, runs(func(items []int) {
 		mu.Lock()
 		sizes = append(sizes, len(items))
 		block := first
@@ -27,14 +29,14 @@ func TestLoneItemRunsAtOnceAndBatchesForm(t *testing.T) {
 			close(running)
 			<-release // hold the worker so the next items queue up
 		}
-	}, nil, nil)
+	}))
 	start := time.Now()
-	if err := b.Submit(context.Background(), 0); err != nil {
+	if err := submit(b, context.Background(), 0); err != nil {
 		t.Fatal(err)
 	}
 	<-running
 	for i := 1; i <= 10; i++ {
-		_ = b.Submit(context.Background(), i)
+		_ = submit(b, context.Background(), i)
 	}
 	// The former takes queued items into the next batch while the worker
 	// is held.
@@ -79,9 +81,9 @@ func TestFullBatchesUseExtraWorkers(t *testing.T) {
 	}{{"partial", 100, 2}, {"full", 1, 3}} {
 		t.Run(tc.name, func(t *testing.T) {
 			var flight inFlight
-			b := New(2, tc.max, 1000, 0, nil, func(items []int) { flight.run(20 * time.Millisecond) }, nil, nil)
+			b := New(Config{Workers: 2, Max: tc.max, Queue: 1000}, nil, runs(func(items []int) { flight.run(20 * time.Millisecond) }))
 			for i := 0; i < 6; i++ {
-				if err := b.Submit(context.Background(), i); err != nil {
+				if err := submit(b, context.Background(), i); err != nil {
 					t.Fatal(err)
 				}
 				time.Sleep(2 * time.Millisecond) // pacing, on purpose: one item per batch
@@ -97,13 +99,13 @@ func TestFullBatchesUseExtraWorkers(t *testing.T) {
 func TestCloseRunsQueuedAndRefusesNew(t *testing.T) {
 	var mu sync.Mutex
 	n := 0
-	b := New(2, 4, 100, time.Millisecond, nil, func(items []int) {
+	b := New(Config{Workers: 2, Max: 4, Queue: 100, Linger: time.Millisecond}, nil, runs(func(items []int) {
 		mu.Lock()
 		n += len(items)
 		mu.Unlock()
-	}, nil, nil)
+	}))
 	for i := 0; i < 50; i++ {
-		if err := b.Submit(context.Background(), i); err != nil {
+		if err := submit(b, context.Background(), i); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -112,7 +114,7 @@ func TestCloseRunsQueuedAndRefusesNew(t *testing.T) {
 	if n != 50 {
 		t.Fatalf("ran %d of 50", n)
 	}
-	if err := b.Submit(context.Background(), 1); err != ErrClosed {
+	if err := submit(b, context.Background(), 1); err != ErrClosed {
 		t.Fatalf("submit after close: %v", err)
 	}
 }
@@ -123,22 +125,22 @@ func TestCloseRunsQueuedAndRefusesNew(t *testing.T) {
 func TestPreparesInSubmitOrderAndRunsConcurrently(t *testing.T) {
 	var order keyOrder
 	var flight inFlight
-	b := New(4, 3, 1000, time.Millisecond, func(items [][2]int) {
+	b := New(Config{Workers: 4, Max: 3, Queue: 1000, Linger: time.Millisecond}, func(_ context.Context, items [][2]int) {
 		// Preparing takes a random while (a Redis round trip): were
 		// batches prepared concurrently, a later one would often finish
 		// first. The sleep is that work.
 		time.Sleep(time.Duration(rand.IntN(300)) * time.Microsecond)
 		order.see(t, items, "prepared")
-	}, func(items [][2]int) {
+	}, runs(func(items [][2]int) {
 		flight.run(time.Duration(len(items)) * 100 * time.Microsecond)
-	}, nil, nil)
+	}))
 	var wg sync.WaitGroup
 	for k := 0; k < 8; k++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for v := 1; v <= 200; v++ {
-				if err := b.Submit(context.Background(), [2]int{k, v}); err != nil {
+				if err := submit(b, context.Background(), [2]int{k, v}); err != nil {
 					t.Error(err)
 					return
 				}
@@ -155,15 +157,17 @@ func TestPreparesInSubmitOrderAndRunsConcurrently(t *testing.T) {
 
 func TestShardedRunsSameKeyInOrder(t *testing.T) {
 	var order keyOrder
-	b := NewSharded(4, 3, 1000, time.Millisecond, func(items [][2]int) {
+	b := NewSharded(Config{Workers: 4, Max: 3, Queue: 1000, Linger: time.Millisecond}, runs(func(items [][2]int) {
 		time.Sleep(time.Duration(len(items)) * 100 * time.Microsecond) // the batch's work
 		order.see(t, items, "ran")
-	}, nil, nil)
+	}))
 	for v := 1; v <= 200; v++ {
 		for k := 0; k < 8; k++ {
-			if err := b.Submit(context.Background(), uint64(k), [2]int{k, v}); err != nil {
-				t.Fatal(err)
-			}
+			b.Submit(context.Background(), uint64(k), [2]int{k, v}, func(_ struct{}, err error) {
+				if err != nil {
+					t.Error(err)
+				}
+			})
 		}
 	}
 	b.Close()
@@ -244,20 +248,20 @@ func TestObservesSizesAndWaits(t *testing.T) {
 	release := make(chan struct{})
 	running := make(chan struct{})
 	first := true
-	b := New(1, 100, 1000, 0, nil, func(items []int) {
+	b := New(Config{Workers: 1, Max: 100, Queue: 1000, Sizes: &sizes, Waits: &waits}, nil, runs(func(items []int) {
 		if first {
 			first = false
 			close(running)
 			<-release
 		}
-	}, &sizes, &waits)
+	}))
 	ctx := context.Background()
-	if err := b.Submit(ctx, 0); err != nil {
+	if err := submit(b, ctx, 0); err != nil {
 		t.Fatal(err)
 	}
 	<-running // the first batch is running
 	for i := 1; i <= 5; i++ {
-		if err := b.Submit(ctx, i); err != nil {
+		if err := submit(b, ctx, i); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -276,5 +280,115 @@ func TestObservesSizesAndWaits(t *testing.T) {
 		if w < 0.015 {
 			t.Fatalf("waits %v: the queued items waited at least 20 ms", waits.vs)
 		}
+	}
+}
+
+// runs makes f, which answers nothing, a Run.
+func runs[Q any](f func([]Q)) Run[Q, struct{}] {
+	return func(_ context.Context, qs []Q) ([]struct{}, error) {
+		f(qs)
+		return make([]struct{}, len(qs)), nil
+	}
+}
+
+// submit submits q and returns the error that kept it from being queued
+// (ctx's, or ErrClosed): those are answered before Submit returns, and
+// an answer from a run comes later.
+func submit[Q any](b *Batcher[Q, struct{}], ctx context.Context, q Q) error {
+	var refused error
+	var submitting atomic.Bool // runs answer nil errors, from other goroutines
+	submitting.Store(true)
+	b.Submit(ctx, q, func(_ struct{}, err error) {
+		if submitting.Load() && err != nil {
+			refused = err
+		}
+	})
+	submitting.Store(false)
+	return refused
+}
+
+// A batch runs under the latest deadline of its requests; a request
+// without one counts as arriving with the batcher's Timeout. Every
+// request gets its own answer, and a failed run answers all of them.
+func TestBatchRunsUnderItsRequestsDeadline(t *testing.T) {
+	got := make(chan time.Duration, 4)
+	release := make(chan struct{})
+	preparing := make(chan struct{})
+	first := true
+	hold := func(context.Context, []int) { // the former, so that the next requests queue
+		if first {
+			first = false
+			close(preparing)
+			<-release
+		}
+	}
+	b := New(Config{Workers: 1, Max: 10, Queue: 10, Timeout: time.Hour}, hold, func(ctx context.Context, qs []int) ([]int, error) {
+		d, ok := ctx.Deadline()
+		if !ok {
+			t.Error("a batch ran without a deadline")
+		}
+		got <- time.Until(d)
+		if qs[0] < 0 {
+			return nil, errors.New("refused")
+		}
+		out := make([]int, len(qs))
+		for i, q := range qs {
+			out[i] = q * 10
+		}
+		return out, nil
+	})
+	answers := make(chan [2]int, 8)
+	var fails atomic.Int32
+	give := func(q int) func(int, error) {
+		return func(r int, err error) {
+			if err != nil {
+				fails.Add(1)
+				return
+			}
+			answers <- [2]int{q, r}
+		}
+	}
+	b.Submit(context.Background(), 0, give(0)) // no deadline: the Timeout
+	<-preparing
+	short, cancel1 := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel1()
+	long, cancel2 := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel2()
+	b.Submit(short, 1, give(1))
+	b.Submit(long, 2, give(2))
+	close(release)
+	if d := <-got; d < 59*time.Minute {
+		t.Fatalf("a request without a deadline ran with %s left, want the Timeout (1 h)", d)
+	}
+	if d := <-got; d < 15*time.Second || d > 20*time.Second {
+		t.Fatalf("a batch of requests with 2 s and 20 s left ran with %s, want the later (20 s)", d)
+	}
+	want := map[int]int{0: 0, 1: 10, 2: 20}
+	for range 3 {
+		a := <-answers
+		if want[a[0]] != a[1] {
+			t.Fatalf("request %d answered %d, want %d", a[0], a[1], want[a[0]])
+		}
+	}
+	// A run's error answers every request of its batch.
+	b.Submit(context.Background(), -1, give(-1))
+	b.Close()
+	if fails.Load() != 1 {
+		t.Fatalf("%d failures, want the one of the failed run", fails.Load())
+	}
+	// A request whose context is done is not queued: it is answered with
+	// its context's error before Submit returns.
+	gone, cancel3 := context.WithCancel(context.Background())
+	cancel3()
+	ran := false
+	idle := New(Config{Workers: 1, Max: 1, Queue: 1, Timeout: time.Second}, nil, func(ctx context.Context, qs []int) ([]int, error) {
+		ran = true
+		return qs, nil
+	})
+	var err error
+	idle.Submit(gone, 1, func(_ int, e error) { err = e })
+	idle.Close()
+	if !errors.Is(err, context.Canceled) || ran {
+		t.Fatalf("a request submitted with a done context: answered %v, ran %v", err, ran)
 	}
 }
