@@ -40,10 +40,12 @@ test: services ## Vet, run all tests with -race against real PostgreSQL and Redi
 	# builds of the packages and their dependencies that the tests then
 	# reuse, instead of compiling everything a second time.
 	$(GO) vet -race ./...
-	# The fuzzing runs beside the tests, on one worker: most of its time is
-	# compiling the instrumented build, and the tests mostly wait. Its output
-	# follows theirs; either failing fails the target.
-	# ./server first: its tests are the longest, and go test starts
+	# The fuzzing runs beside the tests, on one worker and niced: most of
+	# its time is compiling the instrumented build, and the tests mostly
+	# wait, so it takes the CPU they leave idle without slowing the ones
+	# that time themselves. Its output follows theirs; either failing
+	# fails the target.
+	# ./test/e2e first: its tests are the longest, and go test starts
 	# packages in the order given, so the others run beside it. Tests that
 	# mostly wait run in parallel (t.Parallel), three at a time; those that
 	# measure the whole process (heap, goroutines, pace) or a timing of
@@ -52,10 +54,10 @@ test: services ## Vet, run all tests with -race against real PostgreSQL and Redi
 	# report "context deadline exceeded" as a failure when the time runs out
 	# while a worker is busy (a race in the fuzzing coordinator).
 	fuzzlog=$$(mktemp); \
-	( $(GO) test ./wire -run '^$$' -parallel 1 -fuzz FuzzDecodeRequest -fuzztime 300000x && \
-	  $(GO) test ./conn/proxyheader -run '^$$' -parallel 1 -fuzz FuzzProxyHeader -fuzztime 15000x && \
-	  $(GO) test ./conn/wsframe -run '^$$' -parallel 1 -fuzz FuzzWSFrames -fuzztime 15000x ) >$$fuzzlog 2>&1 & fuzz=$$!; \
-	$(TEST_ENV) $(GO) test -race -count=1 -parallel 3 -timeout 9m ./server/ $$($(GO) list ./... | grep -v '/server$$'); tested=$$?; \
+	( nice -n 19 $(GO) test ./wire -run '^$$' -parallel 1 -fuzz FuzzDecodeRequest -fuzztime 300000x && \
+	  nice -n 19 $(GO) test ./conn/proxyheader -run '^$$' -parallel 1 -fuzz FuzzProxyHeader -fuzztime 15000x && \
+	  nice -n 19 $(GO) test ./conn/wsframe -run '^$$' -parallel 1 -fuzz FuzzWSFrames -fuzztime 15000x ) >$$fuzzlog 2>&1 & fuzz=$$!; \
+	$(TEST_ENV) $(GO) test -race -count=1 -parallel 3 -timeout 9m ./test/e2e/ $$($(GO) list ./... | grep -v '/test/e2e$$'); tested=$$?; \
 	wait $$fuzz; fuzzed=$$?; echo "--- fuzzing"; cat $$fuzzlog; rm -f $$fuzzlog; \
 	[ $$tested -eq 0 ] && [ $$fuzzed -eq 0 ]
 .PHONY: test
@@ -85,7 +87,7 @@ test-cluster: services ## Run the server tests with a 6-node Redis Cluster (redi
 	@seeds=$$(bash tools/redis-cluster.sh start $(CLUSTER_PORT)) && \
 	trap 'bash tools/redis-cluster.sh stop $(CLUSTER_PORT)' EXIT && \
 	echo "PARLEY_TEST_REDIS_CLUSTER=$$seeds" && \
-	$(TEST_ENV) PARLEY_TEST_REDIS_CLUSTER="$$seeds" $(GO) test -race -count=1 -timeout 9m ./server/
+	$(TEST_ENV) PARLEY_TEST_REDIS_CLUSTER="$$seeds" $(GO) test -race -count=1 -timeout 9m ./test/e2e/
 .PHONY: test-cluster
 
 bench: services ## Run the standard benchmark suite (about 10 minutes) and write BENCHMARKS.md

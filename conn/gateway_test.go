@@ -902,9 +902,10 @@ func TestSlowConsumer(t *testing.T) {
 	silentSince := time.Now() // slowB's last frame was its auth
 
 	// slowA keeps writing (pings) without reading, so idle_timeout does
-	// not apply to it; slowB goes silent. The fast device pings too: it
-	// only reads otherwise, and on a slow host the sends outlast
-	// idle_timeout (2 s here), which closed it mid-test.
+	// not apply to it; slowB goes silent. The fast device and the sender
+	// ping too: the one only reads otherwise, and the other, on a slow
+	// host, can wait longer than idle_timeout (2 s here) for its sends'
+	// replies; either was closed mid-test for being idle.
 	stopPing := make(chan struct{})
 	var pingWG sync.WaitGroup
 	pingWG.Add(1)
@@ -917,6 +918,7 @@ func TestSlowConsumer(t *testing.T) {
 			case <-time.After(500 * time.Millisecond):
 			}
 			_ = cf.Write(wire.Request{T: wire.TPing})
+			_ = cs.Write(wire.Request{T: wire.TPing})
 			b, _ := wire.AppendFrame(nil, wire.Request{T: wire.TPing, Rid: fmt.Sprint("keep", i)})
 			_ = ncA.SetWriteDeadline(time.Now().Add(time.Second))
 			if _, err := ncA.Write(b); err != nil {
