@@ -59,27 +59,31 @@ func TestSendFansOutBeforeAnswering(t *testing.T) {
 	}
 }
 
-// logs starts a server's services with users members of group "g", and
-// returns its store and a constructor of event logs over them (each one
-// as another process's would be), closed when the test ends.
+// logs sets up a migrated database and a Redis key prefix of the test's
+// own (no server runs) with users members of group "g", and returns a
+// store and a constructor of event logs over them (each one as another
+// process's would be), closed when the test ends.
 func logs(ctx context.Context, t *testing.T, members ...string) (*store.Store, func(eventlog.Config, func([]eventlog.Committed)) *eventlog.Log) {
-	env := parleytest.Start(t, parleytest.Config(t))
-	for _, u := range members {
-		env.User(t, u, 1)
-	}
-	env.Group(t, "g", members...)
-	st, err := store.Open(ctx, env.Cfg.PostgresURL, 4)
+	cfg := parleytest.Config(t)
+	st, err := store.Open(ctx, cfg.PostgresURL, 4)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(st.Close)
-	rdb := parleytest.RedisClient(t, env.Cfg)
+	if err := st.CreateUsers(ctx, members); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.CreateConversation(ctx, store.MembershipChange{Conv: "g", Seq: 1, Ts: time.Now().UnixMilli()}, "group", "", members); err != nil {
+		t.Fatal(err)
+	}
+	rdb := parleytest.RedisClient(t, cfg)
 	if err := scripts.Load(ctx, rdb); err != nil {
 		t.Fatal(err)
 	}
+	prefix := cfg.RedisPrefix
 	return st, func(cfg eventlog.Config, onCommit func([]eventlog.Committed)) *eventlog.Log {
 		cfg.HoleTimeout, cfg.CommitLinger = time.Second, time.Millisecond
-		l := eventlog.New(st, seq.New(rdb, env.Cfg.RedisPrefix, st.Heads), cfg, slog.New(slog.DiscardHandler), onCommit)
+		l := eventlog.New(st, seq.New(rdb, prefix, st.Heads), cfg, slog.New(slog.DiscardHandler), onCommit)
 		t.Cleanup(l.Close)
 		return l
 	}

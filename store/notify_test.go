@@ -97,7 +97,7 @@ func TestNotifyTargets(t *testing.T) {
 func TestDropNotifyTokenKeepsNewerRegistration(t *testing.T) {
 	t.Parallel()
 	env, st, ctx := startStore(t)
-	dev := env.User(t, "drop-tokens", 1)[0]
+	dev := env.User(t, "drop-tokens")
 	reg := func(token string, at int64) {
 		t.Helper()
 		if _, err := st.RegisterNotify(ctx, store.Registration{Device: dev.ID, User: dev.User, Provider: "webhook", Token: token, RegisteredAt: at}); err != nil {
