@@ -35,31 +35,25 @@ build: ## Build every package
 	$(GO) build ./...
 .PHONY: build
 
-test: services ## Vet, run all tests with -race against real PostgreSQL and Redis and, beside them, fuzz the wire decoder (300,000 inputs), the PROXY header and WebSocket frame parsers (15,000 each)
+test: services ## Vet, run all tests with -race against real PostgreSQL and Redis, then fuzz the wire decoder (300,000 inputs), the PROXY header and WebSocket frame parsers (15,000 each)
 	# vet with -race: it type-checks against the same race-instrumented
 	# builds of the packages and their dependencies that the tests then
 	# reuse, instead of compiling everything a second time.
 	$(GO) vet -race ./...
-	# The fuzzing runs beside the tests, on one worker and niced: most of
-	# its time is compiling the instrumented build, and the tests mostly
-	# wait, so it takes the CPU they leave idle without slowing the ones
-	# that time themselves. Its output follows theirs; either failing
-	# fails the target.
 	# ./test/e2e first: its tests are the longest, and go test starts
 	# packages in the order given, so the others run beside it. Tests that
 	# mostly wait run in parallel (t.Parallel), three at a time; those that
 	# measure the whole process (heap, goroutines, pace) or a timing of
 	# their own run alone.
+	$(TEST_ENV) $(GO) test -race -count=1 -parallel 3 -timeout 9m ./test/e2e/ $$($(GO) list ./... | grep -v '/test/e2e$$')
+	# The fuzzing runs after the tests, not beside them: run beside them
+	# (even niced) it slowed the tests that time themselves on two cores.
 	# Budgets in inputs, not seconds: with a duration, Go before 1.27 can
 	# report "context deadline exceeded" as a failure when the time runs out
 	# while a worker is busy (a race in the fuzzing coordinator).
-	fuzzlog=$$(mktemp); \
-	( nice -n 19 $(GO) test ./wire -run '^$$' -parallel 1 -fuzz FuzzDecodeRequest -fuzztime 300000x && \
-	  nice -n 19 $(GO) test ./conn/proxyheader -run '^$$' -parallel 1 -fuzz FuzzProxyHeader -fuzztime 15000x && \
-	  nice -n 19 $(GO) test ./conn/wsframe -run '^$$' -parallel 1 -fuzz FuzzWSFrames -fuzztime 15000x ) >$$fuzzlog 2>&1 & fuzz=$$!; \
-	$(TEST_ENV) $(GO) test -race -count=1 -parallel 3 -timeout 9m ./test/e2e/ $$($(GO) list ./... | grep -v '/test/e2e$$'); tested=$$?; \
-	wait $$fuzz; fuzzed=$$?; echo "--- fuzzing"; cat $$fuzzlog; rm -f $$fuzzlog; \
-	[ $$tested -eq 0 ] && [ $$fuzzed -eq 0 ]
+	$(GO) test ./wire -run '^$$' -fuzz FuzzDecodeRequest -fuzztime 300000x
+	$(GO) test ./conn/proxyheader -run '^$$' -fuzz FuzzProxyHeader -fuzztime 15000x
+	$(GO) test ./conn/wsframe -run '^$$' -fuzz FuzzWSFrames -fuzztime 15000x
 .PHONY: test
 
 test-browser: services ## Run the browser demo (web/) in headless Chromium, installed on demand: two pages exchange messages
