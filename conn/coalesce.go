@@ -11,8 +11,9 @@ import (
 // its flush, and flushes them all every period: big groups' pushes
 // (config push_coalesce), typing and receipts (relay_coalesce). A device
 // given several such frames within the period gets them in one write. On
-// loopback TCP a write costs the sender about 5 µs of CPU whatever its
-// size, so this is what bounds CPU per delivery for big groups
+// loopback TCP a write costs the sender much the same CPU whatever its
+// size (BENCHMARKS.md, the row "at d383c31" on the CPU one `write`
+// costs), so this is what bounds CPU per delivery for big groups
 // (docs/fanout.md) and per relayed typing frame.
 type coalescer struct {
 	bit uint8 // this coalescer's bit of Session.coalescing

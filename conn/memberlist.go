@@ -17,15 +17,17 @@ import (
 // bus before the change is pushed), so a removed user stops getting them
 // right away and a new member gets them from its join on. memberListTTL
 // only bounds what a lost notice (the bus is Redis pub/sub) can cost:
-// with 2 s, 8,000 groups typing cost 4,000 queries/s, half of parleyd's
-// CPU and half a core of PostgreSQL.
+// with a short TTL, every typing group's list is read again that often,
+// and with many groups typing those reads took much of parleyd's CPU and
+// of PostgreSQL's (BENCHMARKS.md, the row "ad8aedf against 0d1141f").
 //
 // Lists not cached are read by the gateway's combined reads (loads: one
 // statement for every conversation asked for meanwhile), and a typing
 // frame waits for its list on a goroutine of its own, not on its
 // connection: after a restart, with every list to read at once,
 // thousands of conversations cost a few statements instead of a query
-// each (8,000 groups took seconds, and typing frames waited as long).
+// each (with a query each, typing frames waited behind them: the same
+// row).
 type memberLists struct {
 	loads batch.Combiner[string, []string] // set by initCombiners
 	spawn func(func())                     // starts a goroutine (Gateway.goroutine)

@@ -109,8 +109,9 @@ func (g *Gateway) readMoved(user, conv string, read int64, private bool) {
 // receiptLinger: how long a read that moved waits for others to go
 // through the gate with it. The reads that waited together share one
 // goroutine and one pipeline, instead of one each (in the realistic mix,
-// about 1,300 reads a second asked the gate in batches of 1.9). A
-// receipt frame then waits up to relay_coalesce in its devices' outboxes.
+// reads asked the gate one or two at a time: BENCHMARKS.md, the row
+// "524c5fe against 0c00912"). A receipt frame then waits up to
+// relay_coalesce in its devices' outboxes.
 const receiptLinger = 20 * time.Millisecond
 
 // receiptQueue holds the reads that moved until their linger ends (the

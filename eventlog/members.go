@@ -27,11 +27,11 @@ import (
 // expires (refreshLoop: one statement for every entry due), so a sender
 // who keeps sending never waits for PostgreSQL here. Entries expiring
 // together used to send every active sender's next send to PostgreSQL in
-// the same instant, every ttl: at 10,000 sends/s from 400 devices that
-// was a latency spike every 5 s, and about 3 ms of send_ok p99
-// (docs/operations.md). An entry nobody used since its last lookup
-// expires, and the next send looks it up again. Either way an answer is
-// at most ttl old.
+// the same instant, every ttl: a latency spike at every expiry, which
+// showed in send_ok p99 (BENCHMARKS.md, the row
+// "1e07127 against its parent"). An entry nobody used since its last
+// lookup expires, and the next send looks it up again. Either way an
+// answer is at most ttl old.
 type memberCache struct {
 	st  *store.Store
 	ttl time.Duration
@@ -60,9 +60,9 @@ type memberCache struct {
 // gateway at once (Log.Forget, over the bus), so the TTL only bounds what
 // a lost notice costs: the user's sends get seqs, refused at the commit
 // (holes), for up to this long. With 5 s, a sender who posts in a
-// conversation every few seconds missed most of the time: in the mixed
-// benchmark at 1,000 sends/s, 78 % of sends waited for a lookup (280
-// statements a second).
+// conversation every few seconds missed most of the time: in the
+// realistic mix most sends waited for a lookup (BENCHMARKS.md, the row
+// "cddf0c8 against" the membership cache's entries kept 30 s).
 const defaultMemberTTL = 30 * time.Second
 
 // Cache misses: statements at once, and keys per statement.

@@ -232,21 +232,21 @@ type pendingDense struct {
 // conversation writes its conversations row and its senders' bucket rows
 // (WAL, dead tuples), whatever the number of events it passes: advancing
 // every second a conversation that gets a message a second wrote those
-// rows once per message (about 700 bytes of WAL per advance with its
-// bucket rows). Below the watermark unread counting is a subtraction;
-// above it, the events are counted one by one, which stays cheap for
-// this many: never more than denseBatch, whatever the age. The age bounds
-// how long a conversation stays in the dirty map. For conversations that
-// get a message a second, 30 s instead of 10 means about 24 bytes of the
-// advance's WAL per message instead of 70 (measured over 40 s runs: 51
-// and 65 against 17, BENCHMARKS.md, 2026-12-03), for a map of the
-// conversations active in the last 30 s.
+// rows once per message. Below the watermark unread counting is a
+// subtraction; above it, the events are counted one by one, which stays
+// cheap for this many: never more than denseBatch, whatever the age. The
+// age bounds how long a conversation stays in the dirty map. For
+// conversations that get a message a second, 30 s instead of 10 means a
+// third as many advances, and so about a third of the advance's WAL per
+// message (BENCHMARKS.md, the row "974df89 against 2c01f4b"), for a map
+// of the conversations active in the last 30 s.
 //
 // The advance by age is background work: while the gateway is
 // backlogged (a reconnect storm), conversations wait until they are
 // denseDeferMax old instead. A storm that followed a burst of messages
-// otherwise met the burst's advance: 6,000 conversations, 2 s of
-// PostgreSQL statement time, competing with the storm's snapshots.
+// otherwise met the advance of every conversation of the burst, which
+// competed with the storm's snapshots for PostgreSQL (BENCHMARKS.md, the
+// row "f461d8c against e5328fb + 37cdf11").
 // Counting unread above the watermark stays exact, only a little longer;
 // a conversation with denseBatch events above it is advanced anyway.
 const (
@@ -271,7 +271,8 @@ func (f *Fanout) markDirty(evs []eventlog.Committed) {
 
 // advanceLoop advances every second at advancePhase, between the
 // gateway's held-ack flushes (package periodic): when both hit PostgreSQL
-// at once, inserts committing then took up to 20 ms.
+// at once, the inserts committing then waited behind them (BENCHMARKS.md,
+// the row "1e07127…2ba6ac0").
 func (f *Fanout) advanceLoop() {
 	defer f.wg.Done()
 	periodic.Run(f.stop, time.Second, f.advancePhase, func() { f.advance(false) })

@@ -28,9 +28,10 @@ const probeTable = "parley_load_probe"
 // between the WAL insert positions at the window's ends, exact; Records
 // and FPI come from pg_stat_wal, which each backend adds to only when it
 // reports its statistics (at most once a second), so they may be up to a
-// second of work off at either end. Bytes came from pg_stat_wal too until
-// 2026-12-03: in 10-second runs of 50,000 sends it was 548–700 B per send
-// where the insert positions said 551 in each run.
+// second of work off at either end. Bytes does not come from pg_stat_wal:
+// over a 10-second window that lag made bytes per send wander from run to
+// run where the insert positions agreed (BENCHMARKS.md, the row
+// "at 5239eb8" on pg_stat_wal against the insert positions).
 type WALUse struct {
 	Records        int64    `json:"records"`
 	FPI            int64    `json:"fpi"` // full-page images

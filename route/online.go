@@ -68,7 +68,8 @@ type Disconnected struct {
 // Disconnect removes the routes and online index entries of closed
 // connections: two pipelines for all of them (after a network blip or a
 // gateway's restart thousands close at once, and a round trip or two
-// each took a tenth of the gateway's CPU in a 10,000-device storm).
+// each took a good share of the gateway's CPU in a reconnect storm:
+// BENCHMARKS.md, the row "acf5b32 against f3921e7").
 func (t *Table) Disconnect(ctx context.Context, cs []Disconnected) error {
 	convs := make([]*redis.StringSliceCmd, len(cs))
 	_, err := scripts.RunPipelined(ctx, t.rdb, func(p redis.Pipeliner) {

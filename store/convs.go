@@ -439,8 +439,9 @@ func (s *Store) BigMembershipsOf(ctx context.Context, users []string, minMembers
 	// being flattened and hashed, and the coalesce keeps the partial index
 	// membership_current, whose leading column is the conversation, from
 	// being scanned whole for each user, as a generic plan made on stale
-	// statistics did: 4.5 ms a statement in a 10,000-device storm), then
-	// each conversation's size by its key; with the generic plan.
+	// statistics did in every auth of a reconnect storm: BENCHMARKS.md, the
+	// row "45fa4d4 against acf5b32"), then each conversation's size by its
+	// key; with the generic plan.
 	out := map[string][]CurrentPeriod{}
 	err := s.genericRows(ctx, `SELECT u.usr, m.conv_id, m.from_seq
 		FROM unnest($1::text[]) AS u(usr)

@@ -181,8 +181,8 @@ func (s *Store) insertRetrying(ctx context.Context, msgs []NewMessage, recipient
 // hashed all of them for every batch, and kept doing so as they grew.
 // Being plan-stable, it runs on its generic plan (lockedRowsGeneric):
 // left to choose, PostgreSQL planned it anew for every batch, and
-// planning took longer than running it (in mixed at 1,000 sends/s, 1.98 s
-// of planning against 1.18 s of execution over 5,385 batches).
+// planning took longer than running it (BENCHMARKS.md, the row
+// "73186ee against" the sends' insert on its generic plan).
 const insertMessagesSQL = `WITH u AS (
 		SELECT u.*, c.conv_key, c.member_count
 		FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::bytea[], $6::bigint[], $8::text[]) AS u(conv, seq, sender, cmid, body, ts, mentions)
@@ -336,8 +336,9 @@ func (s *Store) lockedRows(ctx context.Context, lockSQL string, keys []int64, sq
 // lockedRowsGeneric is lockedRows with sql run on its generic plan (see
 // genericRows): for statements that PostgreSQL would otherwise plan anew
 // on every execution at a cost above running them (the read-state
-// statements, which inline parley_unread_of: 9-22 ms of planning each in
-// the realistic mix). sql must be plan-stable, as genericRows requires.
+// statements, which inline parley_unread_of: BENCHMARKS.md, the row
+// "f3921e7 against fb51afd"). sql must be plan-stable, as genericRows
+// requires.
 func (s *Store) lockedRowsGeneric(ctx context.Context, lockSQL string, keys []int64, sql string, args []any, scan func(pgx.Rows) error) error {
 	return s.batchRows(ctx, s.pool, "BEGIN", lockSQL, keys, sql, args, scan)
 }

@@ -144,8 +144,9 @@ func (s *Store) NotifyTargets(ctx context.Context, evs []NotifyEvent) ([]NotifyT
 		convs[i], seqs[i], only[i] = e.Conv, e.Seq, e.MentionsOnly
 	}
 	// Index lookups per event, on the generic plan: written as a plain
-	// join, it was planned anew on 65 of 160 calls (8.5 ms a plan), and a
-	// generic plan of a plain join may hash whole tables.
+	// join, it was planned anew on many of its calls (BENCHMARKS.md, the
+	// row "at 3821fc3" on the targets statement's plans), and a generic
+	// plan of a plain join may hash whole tables.
 	var out []NotifyTarget
 	err := s.genericRows(ctx, `SELECT k.i - 1, e.sender, e.ts, c.title, coalesce(e.body, ''::bytea),
 			r.device_id, r.user_id, r.provider, r.token, r.sandbox, r.registered_at,
@@ -235,7 +236,8 @@ func (s *Store) DeliveredOf(ctx context.Context, pairs []DeviceConv) (map[Device
 // of docs/protocol.md §4, summed), read in one snapshot.
 func (s *Store) UnreadTotals(ctx context.Context, users []string) (map[string]int64, error) {
 	// On the generic plan: planning the statement, with the unread
-	// function inlined, took about 13 ms.
+	// function inlined, is costly (BENCHMARKS.md, the row "at 94b4955" on
+	// planning the badge statement).
 	out := make(map[string]int64, len(users))
 	err := s.genericRows(ctx, unreadTotalsSQL, []any{users}, func(rows pgx.Rows) error {
 		var u string

@@ -239,8 +239,10 @@ type rangeKey struct {
 // statement until the connection is replaced or PostgreSQL invalidates it
 // (new statistics of a table it reads). Call it once the schema is
 // migrated, before serving: a gateway's first snapshots after a start
-// are a reconnect storm's, and planning took PostgreSQL 60 to 120 ms per
-// connection.
+// are a reconnect storm's, and planning the statement takes PostgreSQL
+// long enough on each connection to hold the storm up (BENCHMARKS.md,
+// the rows "d05fb79 against 2c63566" and
+// "f461d8c against e5328fb + 37cdf11").
 func (s *Store) PlanSnapshots(ctx context.Context) error {
 	conns := make([]*pgxpool.Conn, 0, snapshotConns)
 	defer func() {

@@ -76,8 +76,9 @@ func Open(ctx context.Context, url string, maxConns int) (*Store, error) {
 	}
 	// JIT compiles a query whose estimated cost is high, which the page
 	// queries' unread counting (many small index scans, estimated as big)
-	// can reach: 80 ms of compiling to save microseconds. Statements here
-	// are short OLTP ones; an operator's own setting in the URL wins.
+	// can reach, and compiling then takes far longer than it saves
+	// (BENCHMARKS.md, the row "at c50e6ef" on JIT). Statements here are
+	// short OLTP ones; an operator's own setting in the URL wins.
 	if _, ok := cfg.ConnConfig.RuntimeParams["jit"]; !ok {
 		cfg.ConnConfig.RuntimeParams["jit"] = "off"
 	}

@@ -43,8 +43,10 @@ func main() {
 	}
 	// gnet's event loops and the store goroutines need at least two Ps for
 	// good latency, even when parleyd is pinned to one core (taskset
-	// leaves GOMAXPROCS at 1): measured p50 at 5,000 sends/s fell from
-	// ~20 ms to ~6 ms.
+	// leaves GOMAXPROCS at 1): with one, a goroutine made runnable while
+	// the event loop waits in epoll_wait waits for the runtime to take the
+	// P back. One P costs less CPU per send, at several times the p50
+	// (BENCHMARKS.md, the rows "at 8de81cf" and "at 45fa4d4, GOMAXPROCS 2").
 	if runtime.GOMAXPROCS(0) < 2 && os.Getenv("GOMAXPROCS") == "" {
 		runtime.GOMAXPROCS(2)
 	}
@@ -112,12 +114,12 @@ func (r redisLogger) Printf(ctx context.Context, format string, v ...any) {
 }
 
 // gcPercent is parleyd's GOGC unless the environment sets one. parleyd's
-// live heap is small (tens of MB at 10,000 sends/s) and its garbage is
-// short-lived frames and rows, so Go's default (collect when the heap has
-// doubled) collects many times a second, and each collection takes a
-// quarter of the Ps from the event loops while it marks. At 10,000
-// sends/s on the reference machine, 800 cut send_ok p50 from 7.0 to
-// 4.4 ms and machine CPU per send by 8% (docs/operations.md).
+// live heap is small and its garbage is short-lived frames and rows, so
+// Go's default (collect when the heap has doubled) collects many times a
+// second, and each collection takes a quarter of the Ps from the event
+// loops while it marks. Collecting an eighth as often lowers both
+// send_ok latency and CPU per send, for a heap that stays small beside
+// the machine's memory (BENCHMARKS.md, the row "at 51c1682" on GOGC).
 const gcPercent = 800
 
 // tuneGC sets GOGC to gcPercent and, so that the larger heap cannot

@@ -1,10 +1,10 @@
 // Package periodic runs a process's background jobs on fixed periods, each
 // at its own phase, so that jobs with the same period do not all start
-// their work at the same instant. On the 2-core reference machine two
-// once-a-second jobs that touched PostgreSQL in the same moment (the
-// gateway's held-ack flush and fan-out's dense_seq advance) made the
-// inserts committing then take up to 20 ms, and cost about 2 ms of
-// send_ok p99 at 10,000 sends/s (docs/operations.md).
+// their work at the same instant. Two once-a-second jobs that touched
+// PostgreSQL in the same moment (the gateway's held-ack flush and
+// fan-out's dense_seq advance) held up the inserts committing then, and
+// that showed in send_ok p99 (BENCHMARKS.md, the rows "1e07127…2ba6ac0"
+// and "2ba6ac0 against 1e07127").
 package periodic
 
 import "time"
