@@ -301,7 +301,10 @@ func TestNotifyPullTierOnlyMentions(t *testing.T) {
 // makes the next one, at least notify_delay after it, counted from it.
 func TestNotifyCollapse(t *testing.T) { // not parallel: a burst must commit within the merge window
 	s := newSink(t)
-	const delay = 300 * time.Millisecond
+	// The merge window (notify_delay): long enough for a burst of three
+	// sends to commit on a loaded test host (with 300 ms, the third was
+	// once committed after the window and notified apart).
+	const delay = time.Second
 	env, ana, ben := startNotify(t, s, delay, 1)
 	registeredOffline(t, env, ben[0])
 	ca, _ := dial(t, env, ana[0])
