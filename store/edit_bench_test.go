@@ -28,16 +28,9 @@ import (
 //
 //	go test -run '^$' -bench EditIdleInTransaction -benchtime 3000x ./store/
 func BenchmarkEditIdleInTransaction(b *testing.B) {
-	env := parleytest.Start(b, parleytest.Config(b))
-	ctx := context.Background()
-	env.User(b, "ana", 1)
-	env.User(b, "ben", 1)
-	st, err := store.Open(ctx, env.Cfg.PostgresURL, 32)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer st.Close()
-	seqs := seq.New(parleytest.RedisClient(b, env.Cfg), env.Cfg.RedisPrefix+"bench:", st.Heads)
+	env := newStoreFix(b, 32, time.Hour) // users ana, ben and cy
+	ctx, st := env.ctx, env.st
+	seqs := seq.New(parleytest.RedisClient(b, env.cfg), env.cfg.RedisPrefix+"bench:", st.Heads)
 	const convs = 8
 	target := map[string]int64{}
 	for i := range convs {

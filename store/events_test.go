@@ -10,13 +10,15 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/parley-im/parley/config"
 	"github.com/parley-im/parley/store"
 	"github.com/parley-im/parley/test/parleytest"
 )
 
-// storeFix is a migrated database of its own (no server runs) with users
-// ana, ben and cy, a device each.
+// storeFix is a migrated database and a Redis key prefix of the test's
+// own (no server runs) with users ana, ben and cy, a device each.
 type storeFix struct {
+	cfg config.Config // PostgresURL, RedisURL, RedisPrefix
 	url string
 	st  *store.Store
 	ctx context.Context
@@ -26,32 +28,41 @@ type storeFix struct {
 // ends with the test.
 func startStore(t *testing.T) (*storeFix, *store.Store, context.Context) {
 	t.Helper()
+	f := newStoreFix(t, 2, 30*time.Second)
+	return f, f.st, f.ctx
+}
+
+// newStoreFix is startStore for tests and benchmarks: a store with conns
+// connections, and a context that ends after timeout or with the test.
+func newStoreFix(t testing.TB, conns int, timeout time.Duration) *storeFix {
+	t.Helper()
 	cfg := parleytest.Config(t) // a copy of a migrated database, and nothing started
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	t.Cleanup(cancel)
-	st, err := store.Open(ctx, cfg.PostgresURL, 2)
+	st, err := store.Open(ctx, cfg.PostgresURL, conns)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(st.Close)
-	f := &storeFix{url: cfg.PostgresURL, st: st, ctx: ctx}
+	f := &storeFix{cfg: cfg, url: cfg.PostgresURL, st: st, ctx: ctx}
 	for _, u := range []string{"ana", "ben", "cy"} {
 		f.User(t, u)
 	}
-	return f, st, ctx
+	return f
 }
 
 // Group creates group id with members (seq 1, their joins), as the admin
-// API does.
-func (f *storeFix) Group(t *testing.T, id string, members ...string) {
+// API does, and returns its head (1).
+func (f *storeFix) Group(t testing.TB, id string, members ...string) int64 {
 	t.Helper()
 	if err := f.st.CreateConversation(f.ctx, store.MembershipChange{Conv: id, Seq: 1, Ts: time.Now().UnixMilli()}, "group", "", members); err != nil {
 		t.Fatalf("creating group %s: %v", id, err)
 	}
+	return 1
 }
 
 // User creates user id with a device, id+"-d1", and returns the device.
-func (f *storeFix) User(t *testing.T, id string) store.Device {
+func (f *storeFix) User(t testing.TB, id string) store.Device {
 	t.Helper()
 	token := sha256.Sum256([]byte(id + "-token"))
 	dev := store.Device{ID: id + "-d1", User: id, TokenSHA256: token[:], InstallEpoch: 1}

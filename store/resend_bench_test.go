@@ -1,13 +1,11 @@
 package store_test
 
 import (
-	"context"
 	"fmt"
 	"testing"
 	"time"
 
 	"github.com/parley-im/parley/store"
-	"github.com/parley-im/parley/test/parleytest"
 )
 
 // BenchmarkStoredSends is what the send path's lookup of resends costs a
@@ -20,16 +18,8 @@ import (
 //	go test -run '^$' -bench StoredSends -benchtime 2000x ./store/
 func BenchmarkStoredSends(b *testing.B) {
 	const convs, perConv = 100, 1000
-	env := parleytest.Start(b, parleytest.Config(b))
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	env.User(b, "ana", 1)
-	env.User(b, "ben", 1)
-	st, err := store.Open(ctx, env.Cfg.PostgresURL, 4)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer st.Close()
+	env := newStoreFix(b, 4, 10*time.Minute) // users ana, ben and cy
+	st, ctx := env.st, env.ctx
 	seqs := make([]int64, convs)
 	conv := func(i int) string { return fmt.Sprint("g", i) }
 	for i := range convs {

@@ -287,8 +287,9 @@ func snapshotArgs(users, convs []string, afters []int64, fullMax, tail int) []an
 func (s *Store) snapshotRows(ctx context.Context, users, convs []string, afters []int64, fullMax, tail int,
 	f func(t, k int64, key rangeKey, hdr SnapshotItem, froms, tos []int64, e Event)) error {
 	// The scan targets are the statement's, not the row's: their addresses
-	// escape into Scan, and declared per row they were 8 allocations of
-	// every row (a storm's statements return 190,000). Each row starts
+	// escape into Scan, and declared per row they were allocated anew for
+	// every row, of which a reconnect storm's statements return many
+	// (BENCHMARKS.md, the row "37cdf11 against 0b5929c"). Each row starts
 	// from zero values, so nothing of one row (a body, an array Scan
 	// could reuse) reaches the next; f gets copies.
 	var (
@@ -328,12 +329,13 @@ func (s *Store) snapshotRows(ctx context.Context, users, convs []string, afters 
 // force_generic_plan, pipelined with it in one round trip. PostgreSQL
 // plans a prepared lookup by an array of ids anew on every execution
 // while its custom plan looks cheaper than the generic one, which for a
-// short array it always does: in a 10,000-device reconnect storm the
-// device and membership lookups spent twice as long planning as
-// executing. sql must be written so that no plan but index lookups per
-// array element makes sense (LATERAL subqueries with LIMIT, scalar
-// subqueries): a generic plan is made once per connection, maybe while
-// the tables are small, and kept as they grow.
+// short array it always does: in a reconnect storm the device lookup
+// was planned anew on most of its calls, and planning cost about as much
+// as executing (BENCHMARKS.md, the row "45fa4d4 against acf5b32"). sql
+// must be written so that no plan but index lookups per array element
+// makes sense (LATERAL subqueries with LIMIT, scalar subqueries): a
+// generic plan is made once per connection, maybe while the tables are
+// small, and kept as they grow.
 func (s *Store) genericRows(ctx context.Context, sql string, args []any, scan func(pgx.Rows) error) error {
 	return s.batchRows(ctx, s.pool, "BEGIN READ ONLY", "", nil, sql, args, scan)
 }
