@@ -105,18 +105,23 @@ func New[Q, R any](cfg Config, prepare func(context.Context, []Q), run Run[Q, R]
 // error that kept it from one. Submit blocks while the queue is full
 // (backpressure) or until ctx is done; a request whose ctx is done is not
 // queued, and done gets ctx's error (or ErrClosed after Close) before
-// Submit returns.
+// Submit returns, outside the batcher's lock (done may submit again).
 func (b *Batcher[Q, R]) Submit(ctx context.Context, q Q, done func(R, error)) {
-	var zero R
-	if err := ctx.Err(); err != nil {
+	if err := b.enqueue(ctx, q, done); err != nil {
+		var zero R
 		done(zero, err)
-		return
+	}
+}
+
+// enqueue queues q, or returns why it did not.
+func (b *Batcher[Q, R]) enqueue(ctx context.Context, q Q, done func(R, error)) error {
+	if err := ctx.Err(); err != nil {
+		return err
 	}
 	b.mu.RLock()
 	defer b.mu.RUnlock()
 	if b.closed {
-		done(zero, ErrClosed)
-		return
+		return ErrClosed
 	}
 	now := time.Now()
 	e := entry[Q, R]{q: q, done: done, deadline: deadlineOf(ctx, now, b.cfg.Timeout)}
@@ -125,8 +130,9 @@ func (b *Batcher[Q, R]) Submit(ctx context.Context, q Q, done func(R, error)) {
 	}
 	select {
 	case b.ch <- e:
+		return nil
 	case <-ctx.Done():
-		done(zero, ctx.Err())
+		return ctx.Err()
 	}
 }
 
