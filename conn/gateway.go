@@ -90,7 +90,8 @@ type Gateway struct {
 	log     *slog.Logger
 	metrics *metrics
 	booted  chan struct{}
-	eng     gnet.Engine // set before booted is closed
+	ran     chan struct{} // closed when Run returns: the engine is down
+	eng     gnet.Engine   // set before booted is closed
 
 	authLimit *authLimiter // static; nil when auth_rate is 0
 
@@ -149,7 +150,7 @@ func New(cfg config.Config, deps Deps, log *slog.Logger, reg prometheus.Register
 		cfg: cfg, deps: deps, log: log, metrics: newMetrics(reg),
 		authLimit: newAuthLimiter(cfg.AuthRate, cfg.AuthBurst),
 		addrs:     newAddrLimits(cfg.AddrMaxConns, cfg.AddrAuthRate, cfg.AddrAuthBurst, exempt),
-		booted:    make(chan struct{}), stopping: make(chan struct{}),
+		booted:    make(chan struct{}), ran: make(chan struct{}), stopping: make(chan struct{}),
 		sessions: map[*Session]struct{}{}, devices: map[string]*Session{},
 	}
 	g.members.spawn = g.goroutine
@@ -183,6 +184,7 @@ func New(cfg config.Config, deps Deps, log *slog.Logger, reg prometheus.Register
 // Run listens on cfg.Listen (and cfg.WSListen, if set) and serves until
 // Shutdown. It blocks.
 func (g *Gateway) Run() error {
+	defer close(g.ran)
 	addrs := []string{"tcp://" + g.cfg.Listen}
 	if g.cfg.WSListen != "" {
 		addrs = append(addrs, "tcp://"+g.cfg.WSListen)
@@ -236,7 +238,23 @@ func (g *Gateway) Shutdown(ctx context.Context) error {
 		}
 		// If ctx ends first, Stop returns while the event loops still
 		// run (and may still close connections and start goroutines).
-		err = g.eng.Stop(ctx)
+		// Stop polls for the engine's end every 500 ms; Run's return
+		// tells it at once.
+		stopCtx, cancel := context.WithCancel(ctx)
+		go func() {
+			select {
+			case <-g.ran:
+				cancel()
+			case <-stopCtx.Done():
+			}
+		}()
+		err = g.eng.Stop(stopCtx)
+		cancel()
+		select {
+		case <-g.ran:
+			err = nil
+		default:
+		}
 		select {
 		case <-g.drain():
 		case <-ctx.Done():

@@ -48,7 +48,12 @@ type Rows struct {
 	retry []RowJob
 
 	stop chan struct{}
-	wg   sync.WaitGroup
+	wg   sync.WaitGroup // the appender and the reclaim loop
+	// The stream readers. busy is read-held while one handles entries it
+	// read, so Close waits for that work but not for a read blocked in
+	// Redis (up to readBlock); readers counts the running ones (Wait).
+	busy    sync.RWMutex
+	readers sync.WaitGroup
 }
 
 // RowsConfig tunes the row writers.
@@ -117,7 +122,7 @@ func (r *Rows) Start(ctx context.Context) error {
 		return err
 	}
 	for i := 0; i < r.cfg.Workers; i++ {
-		r.wg.Add(1)
+		r.readers.Add(1)
 		go r.work(fmt.Sprintf("%s-%d", r.consumer, i))
 	}
 	r.wg.Add(2)
@@ -127,14 +132,32 @@ func (r *Rows) Start(ctx context.Context) error {
 }
 
 // Close stops the workers; entries they did not finish stay pending for
-// the other processes (or this one's next start) to claim.
+// the other processes (or this one's next start) to claim. It waits for
+// the work in hand, not for reads blocked in Redis: those end when their
+// block times out or the Redis client is closed (Wait), and what they
+// read is left pending like the rest.
 func (r *Rows) Close() {
 	select {
 	case <-r.stop:
 	default:
 		close(r.stop)
 	}
+	r.busy.Lock()
+	defer r.busy.Unlock()
 	r.wg.Wait()
+}
+
+// Wait returns once every stream reader has returned (after Close, once
+// its read ended).
+func (r *Rows) Wait() { r.readers.Wait() }
+
+func (r *Rows) stopped() bool {
+	select {
+	case <-r.stop:
+		return true
+	default:
+		return false
+	}
 }
 
 func (r *Rows) ensureGroup(ctx context.Context) error {
@@ -248,13 +271,8 @@ func (r *Rows) add(ctx context.Context, jobs []RowJob) error {
 }
 
 func (r *Rows) work(name string) {
-	defer r.wg.Done()
-	for {
-		select {
-		case <-r.stop:
-			return
-		default:
-		}
+	defer r.readers.Done()
+	for !r.stopped() {
 		ctx, cancel := context.WithTimeout(context.Background(), readBlock+r.timeout())
 		res, err := r.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: rowsGroup, Consumer: name,
 			Streams: []string{r.stream, ">"}, Count: 64, Block: readBlock}).Result()
@@ -279,9 +297,15 @@ func (r *Rows) work(name string) {
 			}
 			continue
 		}
+		r.busy.RLock()
+		if r.stopped() { // read while Close waited: leave it pending
+			r.busy.RUnlock()
+			return
+		}
 		for _, s := range res {
 			r.process(s.Messages)
 		}
+		r.busy.RUnlock()
 	}
 }
 

@@ -152,9 +152,13 @@ type Server struct {
 
 	httpServers []*http.Server
 	wg          sync.WaitGroup
-	stop        chan struct{}
-	gwErr       chan error
-	once        sync.Once
+	// readers: goroutines that block in Redis reads (the lifecycle
+	// stream) and touch nothing Shutdown closes before the Redis client;
+	// it waits for them after closing the client, which ends their reads.
+	readers sync.WaitGroup
+	stop    chan struct{}
+	gwErr   chan error
+	once    sync.Once
 }
 
 // New connects to PostgreSQL (applying migrations unless cfg.Migrate is
@@ -329,7 +333,11 @@ func (s *Server) Start(ctx context.Context) error {
 				s.removalNotices.Inc()
 			}})
 	})
-	s.goroutine(func() { s.bus.FollowLifecycle(s.background, s.lifecycleFrom, s.gw.Lifecycle) })
+	s.readers.Add(1)
+	go func() {
+		defer s.readers.Done()
+		s.bus.FollowLifecycle(s.background, s.lifecycleFrom, s.gw.Lifecycle)
+	}()
 	s.goroutine(s.keepLease)
 	if err := s.rows.Start(ctx); err != nil {
 		return err
@@ -487,6 +495,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		cancel()
 		s.wg.Wait()
 		s.closeStores()
+		// Reads blocked in Redis end with the client.
+		s.readers.Wait()
+		s.rows.Wait()
 	})
 	return err
 }
